@@ -1,0 +1,3 @@
+"""Bothy: an agent harness you can leave on a client's machine and walk away from."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from bothy.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,76 @@
+"""Every exception Bothy raises, in one rooted tree.
+
+    BothyError
+    ├── ConfigError            config file missing, unreadable or invalid (exit 78)
+    ├── UsageError             a command-line argument that cannot be honoured (exit 64)
+    ├── StateError             the state directory or database cannot be used
+    ├── AuditIntegrityError    the audit chain is broken (names the first bad record)
+    ├── CodexNotFoundError     the configured codex command is missing or not executable
+    ├── AppServerError         the codex app-server misbehaved or died
+    │   └── RpcProtocolError   a frame that is not valid JSON-RPC
+    └── ProcessGroupError      a worker's process group could not be started or stopped
+
+A refusal (budget, pool, lane) is *not* an exception: gates return values (see
+``bothy.engine.budget``). Exceptions are for what nobody can plan around.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class BothyError(Exception):
+    """Root of Bothy's exceptions."""
+
+
+class ConfigError(BothyError):
+    """The configuration cannot be used. Carries the file, the key and what was expected."""
+
+    def __init__(self, message: str, *, path: Path | None = None, key: str | None = None) -> None:
+        self.path = path
+        self.key = key
+        super().__init__(message)
+
+
+class UsageError(BothyError):
+    """A command-line argument that cannot be honoured."""
+
+
+class StateError(BothyError):
+    """The state directory or database cannot be used."""
+
+
+class AuditIntegrityError(BothyError):
+    """The audit chain does not verify. ``seq`` names the first bad record (or None)."""
+
+    def __init__(self, message: str, *, seq: int | None = None, line_no: int | None = None) -> None:
+        self.seq = seq
+        self.line_no = line_no
+        super().__init__(message)
+
+
+class CodexNotFoundError(BothyError):
+    """The configured codex command is missing or not executable."""
+
+    def __init__(self, message: str, *, command: list[str]) -> None:
+        self.command = command
+        super().__init__(message)
+
+
+class AppServerError(BothyError):
+    """The codex app-server misbehaved: an error response, a death, a hang."""
+
+    def __init__(
+        self, message: str, *, method: str | None = None, exit_code: int | None = None
+    ) -> None:
+        self.method = method
+        self.exit_code = exit_code
+        super().__init__(message)
+
+
+class RpcProtocolError(AppServerError):
+    """A frame from the app-server that is not valid JSON-RPC."""
+
+
+class ProcessGroupError(BothyError):
+    """A worker's process group could not be started or stopped."""
