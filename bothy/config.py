@@ -1,0 +1,202 @@
+"""Bothy's configuration: one frozen, validated value loaded once by the CLI.
+
+``$BOTHY_HOME/config.json`` is validated with pydantic; unknown keys are rejected. A bad file
+raises :class:`~bothy.errors.ConfigError` naming the file, the key and what was expected, and
+the CLI exits 78 (do not restart me). Every field is documented in ``docs/CONFIGURATION.md``;
+a test keeps the two in step.
+
+Secrets never live in this file: fields that need one name an environment variable or a file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from bothy.errors import ConfigError
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PoolConfig(_Section):
+    """How many runs may work at once on this machine."""
+
+    max_workers: int = Field(default=2, ge=1, le=64)
+
+
+class Price(_Section):
+    """USD per million tokens for one model."""
+
+    input_per_mtok: Decimal = Field(ge=0)
+    cached_input_per_mtok: Decimal = Field(ge=0)
+    output_per_mtok: Decimal = Field(ge=0)
+
+
+class BudgetConfig(_Section):
+    """Money: what one run and one day may spend, and what tokens cost."""
+
+    mode: Literal["api"] = "api"
+    per_run_usd: Decimal = Field(gt=0)
+    per_day_usd: Decimal = Field(gt=0)
+    prices: dict[str, Price] = Field(default_factory=dict)
+    timezone: str = "UTC"
+    reservation_expiry_s: int = Field(default=3600, ge=60, le=7 * 86400)
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _plan_not_built(cls, value: object) -> object:
+        if value == "plan":
+            raise ValueError(
+                "'plan' mode (gating on Codex rate-limit windows) is not built yet; use 'api'"
+            )
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown time zone {value!r} (expected an IANA name)") from exc
+        return value
+
+    @model_validator(mode="after")
+    def _run_fits_in_day(self) -> BudgetConfig:
+        if self.per_run_usd > self.per_day_usd:
+            raise ValueError(
+                f"per_run_usd ({self.per_run_usd}) is larger than per_day_usd ({self.per_day_usd})"
+            )
+        return self
+
+
+class CodexConfig(_Section):
+    """How the worker is started: the codex app-server and what it may see."""
+
+    command: list[str] = Field(default_factory=lambda: ["codex", "app-server"], min_length=1)
+    home: Path | None = None
+    model: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    env: list[str] = Field(default_factory=list)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return names
+
+
+class LimitsConfig(_Section):
+    """Default limits for every run; `bothy run` flags may tighten them."""
+
+    wall_clock_s: int = Field(default=1800, ge=1, le=86400)
+    max_tokens: int | None = Field(default=None, ge=1)
+    stop_grace_s: float = Field(default=5.0, gt=0, le=120)
+
+
+class Config(_Section):
+    """The whole configuration of one Bothy site."""
+
+    site: str
+    workspace: Path
+    pool: PoolConfig = Field(default_factory=PoolConfig)
+    budget: BudgetConfig
+    codex: CodexConfig = Field(default_factory=CodexConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+
+    @field_validator("site")
+    @classmethod
+    def _site_name(cls, value: str) -> str:
+        if not _SITE_NAME.match(value):
+            raise ValueError("expected a short name of letters, digits, '.', '_' or '-'")
+        return value
+
+    @model_validator(mode="after")
+    def _wall_clock_within_expiry(self) -> Config:
+        if self.limits.wall_clock_s >= self.budget.reservation_expiry_s:
+            raise ValueError(
+                f"limits.wall_clock_s ({self.limits.wall_clock_s}) must be shorter than "
+                f"budget.reservation_expiry_s ({self.budget.reservation_expiry_s}), or a live "
+                "run's reservation could expire under it"
+            )
+        return self
+
+
+def load_config(path: Path) -> Config:
+    """Read and validate ``path``; raise ConfigError saying what is wrong and where."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"config file {path} does not exist: create it (see docs/CONFIGURATION.md for "
+            'a minimal example: {"site": ..., "workspace": ..., "budget": {...}})',
+            path=path,
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc}", path=path) from exc
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"config file {path} is not valid JSON: {exc.msg} at line {exc.lineno} "
+            f"column {exc.colno}",
+            path=path,
+        ) from exc
+    return parse_config(raw, path=path)
+
+
+def parse_config(raw: object, *, path: Path) -> Config:
+    """Validate an already-decoded config value."""
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"config file {path} must hold a JSON object, not {type(raw).__name__}", path=path
+        )
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise _explain(exc, path) from None
+
+
+def _explain(exc: ValidationError, path: Path) -> ConfigError:
+    """Turn pydantic's report into one message per problem, each naming its key."""
+    lines = []
+    first_key: str | None = None
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        first_key = first_key or key
+        if error["type"] == "extra_forbidden":
+            allowed = _allowed_keys(error["loc"][:-1])
+            detail = f"unknown key (allowed here: {', '.join(allowed)})"
+        elif error["type"] == "missing":
+            detail = "required key is missing"
+        else:
+            message = str(error["msg"]).removeprefix("Value error, ")
+            detail = f"{message} (got {error.get('input')!r})"
+        lines.append(f"  {key}: {detail}")
+    count = len(lines)
+    head = f"config file {path} has {count} problem{'s' if count > 1 else ''}:"
+    return ConfigError("\n".join([head, *lines]), path=path, key=first_key)
+
+
+def _allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
+    model: type[BaseModel] = Config
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field else None
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+        else:
+            return ["(see docs/CONFIGURATION.md)"]
+    return sorted(model.model_fields)

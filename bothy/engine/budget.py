@@ -1,0 +1,219 @@
+"""The budget gate (rule 1): budget is reserved, not measured.
+
+A run reserves its worst case (``per_run_usd`` or a smaller ``--max-usd``) before it starts,
+in the same ``BEGIN IMMEDIATE`` transaction that reads what is already used and reserved, so
+five processes that each see 40 of 50 used cannot all start. While the run works, measured
+spend fills the reservation from the inside (a ledger row per increment, dated the day it was
+measured); at the end the run settles at what it really cost and releases the rest. A run
+whose owner died (``crashed``) keeps its reservation, since nobody knows what its worker
+spent after the last measurement, until ``expires_us``; the owner refreshes that while
+it lives, so a crashed run's reservation lapses ``reservation_expiry_s`` after its last sign
+of life. All money is integer micro-dollars.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
+from bothy.clock import Clock, to_us
+from bothy.config import BudgetConfig
+from bothy.engine.prices import PriceTable
+from bothy.engine.state import StateDB
+from bothy.money import format_usd, usd_to_micros
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """What a wake asks of the gates."""
+
+    run_id: str
+    subject: str
+    source: str
+    requested_micros: int
+    owner_pid: int
+    owner_start: str | None
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """The run holds a reservation and waits in its lane."""
+
+    run_id: str
+    reserved_micros: int
+    used_micros: int
+    already_reserved_micros: int
+    ceiling_micros: int
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A gate said no. ``message`` carries every figure the operator needs."""
+
+    gate: str
+    message: str
+    figures: dict[str, str]
+
+    def sentence(self) -> str:
+        return f"refused at gate '{self.gate}': {self.message}"
+
+
+@dataclass(frozen=True)
+class Settlement:
+    run_id: str
+    cost_micros: int
+    reserved_micros: int
+    released_micros: int
+
+
+@dataclass(frozen=True)
+class DaySummary:
+    day: str
+    used_micros: int
+    reserved_micros: int
+    ceiling_micros: int
+
+
+class BudgetGate:
+    """Admission by money, shared by every Bothy process through the state database."""
+
+    def __init__(
+        self, db: StateDB, cfg: BudgetConfig, prices: PriceTable, *, clock: Clock
+    ) -> None:
+        self._db = db
+        self._cfg = cfg
+        self._prices = prices
+        self._clock = clock
+        self._zone = ZoneInfo(cfg.timezone)
+        self.ceiling_micros = usd_to_micros(cfg.per_day_usd)
+        self.per_run_micros = usd_to_micros(cfg.per_run_usd)
+
+    def day_of(self, moment: datetime) -> str:
+        """The budget day a moment falls in (``budget.timezone``, UTC by default)."""
+        return moment.astimezone(self._zone).date().isoformat()
+
+    def price_refusal(self, model: str) -> Refused | None:
+        """Fail closed on a model without a price."""
+        if self._prices.lookup(model) is not None:
+            return None
+        return Refused(
+            gate="budget",
+            message=(
+                f"no price for model '{model}' in budget.prices (add input_per_mtok, "
+                "cached_input_per_mtok and output_per_mtok for it)"
+            ),
+            figures={"model": model},
+        )
+
+    async def admit(self, ticket: Ticket) -> Admitted | Refused:
+        """Reserve the ticket's worst case, or refuse with every figure."""
+        if ticket.model is not None and (refusal := self.price_refusal(ticket.model)):
+            return refusal
+        now = self._clock()
+        now_us = to_us(now)
+        async with self._db.transaction():
+            summary = await self._summary(now)
+            total = summary.used_micros + summary.reserved_micros + ticket.requested_micros
+            if total > self.ceiling_micros:
+                return _over_ceiling(summary, ticket.requested_micros, total)
+            await self._db.execute(
+                "INSERT INTO runs (run_id, subject, source, status, reserved_micros, model,"
+                " admitted_us, expires_us, owner_pid, owner_start)"
+                " VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?)",
+                (
+                    ticket.run_id,
+                    ticket.subject,
+                    ticket.source,
+                    ticket.requested_micros,
+                    ticket.model,
+                    now_us,
+                    now_us + self._cfg.reservation_expiry_s * 1_000_000,
+                    ticket.owner_pid,
+                    ticket.owner_start,
+                ),
+            )
+        return Admitted(
+            run_id=ticket.run_id,
+            reserved_micros=ticket.requested_micros,
+            used_micros=summary.used_micros,
+            already_reserved_micros=summary.reserved_micros,
+            ceiling_micros=self.ceiling_micros,
+        )
+
+    async def fill(self, run_id: str, cost_micros: int, tokens: int) -> int:
+        """Record the run's measured cost so far; return it. Increments land on today."""
+        now = self._clock()
+        async with self._db.transaction():
+            spent = await self._db.scalar(
+                "SELECT spent_micros FROM runs WHERE run_id = ?", (run_id,)
+            )
+            delta = cost_micros - spent
+            if delta > 0:
+                await self._db.execute(
+                    "INSERT INTO spend (run_id, day, micros, at_us) VALUES (?, ?, ?, ?)",
+                    (run_id, self.day_of(now), delta, to_us(now)),
+                )
+            await self._db.execute(
+                "UPDATE runs SET spent_micros = MAX(spent_micros, ?), tokens = ?"
+                " WHERE run_id = ?",
+                (cost_micros, tokens, run_id),
+            )
+        return max(spent, cost_micros)
+
+    async def refresh(self, run_id: str) -> None:
+        """The owner is alive: push the reservation's expiry forward."""
+        expires_us = to_us(self._clock()) + self._cfg.reservation_expiry_s * 1_000_000
+        async with self._db.transaction():
+            await self._db.execute(
+                "UPDATE runs SET expires_us = ? WHERE run_id = ? AND status != 'finished'",
+                (expires_us, run_id),
+            )
+
+    async def settle(
+        self, run_id: str, *, outcome: str, reason: str | None, final_text: str | None
+    ) -> Settlement:
+        """Close the run at what it really cost and release the rest of its reservation."""
+        now_us = to_us(self._clock())
+        async with self._db.transaction():
+            row = await self._db.fetch_one(
+                "SELECT reserved_micros, spent_micros FROM runs WHERE run_id = ?", (run_id,)
+            )
+            await self._db.execute(
+                "UPDATE runs SET status = 'finished', outcome = ?, reason = ?, final_text = ?,"
+                " finished_us = ? WHERE run_id = ?",
+                (outcome, reason, final_text, now_us, run_id),
+            )
+        reserved = int(row["reserved_micros"]) if row else 0
+        spent = int(row["spent_micros"]) if row else 0
+        return Settlement(run_id, spent, reserved, max(reserved - spent, 0))
+
+    async def today(self) -> DaySummary:
+        return await self._summary(self._clock())
+
+    async def _summary(self, now: datetime) -> DaySummary:
+        day = self.day_of(now)
+        used = await self._db.scalar("SELECT SUM(micros) FROM spend WHERE day = ?", (day,))
+        reserved = await self._db.scalar(
+            "SELECT SUM(MAX(reserved_micros - spent_micros, 0)) FROM runs"
+            " WHERE (status IN ('queued', 'running') OR crashed = 1) AND expires_us > ?",
+            (to_us(now),),
+        )
+        return DaySummary(day, used, reserved, self.ceiling_micros)
+
+
+def _over_ceiling(summary: DaySummary, requested: int, total: int) -> Refused:
+    figures = {
+        "would_reach_usd": format_usd(total),
+        "ceiling_usd": format_usd(summary.ceiling_micros),
+        "used_usd": format_usd(summary.used_micros),
+        "reserved_usd": format_usd(summary.reserved_micros),
+        "requested_usd": format_usd(requested),
+    }
+    message = (
+        f"would reach {figures['would_reach_usd']} usd against a {figures['ceiling_usd']}"
+        f" ceiling ({figures['used_usd']} used, {figures['reserved_usd']} already reserved,"
+        f" {figures['requested_usd']} requested)"
+    )
+    return Refused(gate="budget", message=message, figures=figures)

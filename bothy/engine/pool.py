@@ -1,0 +1,130 @@
+"""Lanes and the pool: who may start now.
+
+A lane is a subject (``pr:42``, ``demo``): runs in one lane start one at a time, in arrival
+order. The pool caps how many runs work at once on the machine (``pool.max_workers``). Both
+are decided in one ``BEGIN IMMEDIATE`` transaction against the shared state, so separate
+``bothy`` processes queue behind each other as one.
+
+Waiting is polling with a short, growing interval: processes share no channel but SQLite, and
+a poll costs one small read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from bothy.clock import Clock, to_us
+from bothy.config import PoolConfig
+from bothy.engine.procgroup import GroupRecord
+from bothy.engine.state import StateDB
+
+_POLL_FIRST_S = 0.05
+_POLL_MAX_S = 0.5
+
+
+@dataclass(frozen=True)
+class Claimed:
+    run_id: str
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Not yet: ``reason`` says what the run waits for."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Withdrawn:
+    """The run was cancelled while it waited."""
+
+    reason: str
+
+
+class WorkerPool:
+    """Starts runs in lane order within the machine's worker limit."""
+
+    def __init__(self, db: StateDB, cfg: PoolConfig, *, clock: Clock) -> None:
+        self._db = db
+        self._cfg = cfg
+        self._clock = clock
+
+    async def try_claim(self, run_id: str) -> Claimed | Waiting | Withdrawn:
+        async with self._db.transaction():
+            row = await self._db.fetch_one(
+                "SELECT seq, subject, status, cancel_requested_us FROM runs WHERE run_id = ?",
+                (run_id,),
+            )
+            if row is None or row["status"] == "finished":
+                return Withdrawn("the run is no longer queued")
+            if row["cancel_requested_us"] is not None:
+                return Withdrawn("cancelled while waiting")
+            if row["status"] == "running":
+                return Claimed(run_id)
+            ahead = await self._db.fetch_one(
+                "SELECT run_id, status FROM runs WHERE subject = ? AND seq < ?"
+                " AND status IN ('queued', 'running') ORDER BY seq LIMIT 1",
+                (row["subject"], row["seq"]),
+            )
+            if ahead is not None:
+                return Waiting(f"behind {ahead['run_id']} in lane {row['subject']}")
+            busy = await self._db.scalar("SELECT COUNT(*) FROM runs WHERE status = 'running'")
+            if busy >= self._cfg.max_workers:
+                return Waiting(f"pool full ({busy} of {self._cfg.max_workers} workers busy)")
+            await self._db.execute(
+                "UPDATE runs SET status = 'running', started_us = ? WHERE run_id = ?",
+                (to_us(self._clock()), run_id),
+            )
+        return Claimed(run_id)
+
+    async def wait_for_slot(
+        self,
+        run_id: str,
+        *,
+        between_tries: Callable[[], Awaitable[None]],
+        on_wait: Callable[[Waiting], None],
+    ) -> Claimed | Withdrawn:
+        """Claim a slot, retrying until it is ours or the run is withdrawn.
+
+        ``between_tries`` runs before each try (recovery of dead peers, keeping the
+        reservation alive); ``on_wait`` hears each new reason for waiting.
+        """
+        interval_s = _POLL_FIRST_S
+        last_reason: str | None = None
+        while True:
+            await between_tries()
+            decision = await self.try_claim(run_id)
+            if not isinstance(decision, Waiting):
+                return decision
+            if decision.reason != last_reason:
+                on_wait(decision)
+                last_reason = decision.reason
+            await asyncio.sleep(interval_s)
+            interval_s = min(interval_s * 2, _POLL_MAX_S)
+
+    async def attach_worker(self, run_id: str, record: GroupRecord, model: str | None) -> None:
+        """Persist the worker's group so a later Bothy can end it if this one dies."""
+        async with self._db.transaction():
+            await self._db.execute(
+                "UPDATE runs SET pgid = ?, leader_pid = ?, leader_start = ?,"
+                " model = COALESCE(?, model) WHERE run_id = ?",
+                (record.pgid, record.leader_pid, record.leader_start, model, run_id),
+            )
+
+    async def request_cancel(self, run_id: str) -> bool:
+        """Mark a queued or running run for cancellation; False if it already finished."""
+        async with self._db.transaction():
+            changed = await self._db.execute(
+                "UPDATE runs SET cancel_requested_us = COALESCE(cancel_requested_us, ?)"
+                " WHERE run_id = ? AND status != 'finished'",
+                (to_us(self._clock()), run_id),
+            )
+        return changed > 0
+
+    async def cancel_requested(self, run_id: str) -> bool:
+        row = await self._db.fetch_one(
+            "SELECT cancel_requested_us FROM runs WHERE run_id = ?", (run_id,)
+        )
+        return row is not None and row["cancel_requested_us"] is not None

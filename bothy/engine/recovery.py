@@ -1,0 +1,92 @@
+"""Recovery: what a Bothy process that died left behind is found, ended and audited.
+
+A run row names its owner (pid and start time) and its worker's process group (pgid, leader
+pid and start time). When the owner is no longer that process, the run is an orphan: its group
+is ended by :func:`~bothy.engine.procgroup.end_orphan_group` (which never signals a recycled
+pid) and the run is closed as ``failed``. Its reservation is *kept* until it expires (the
+``crashed`` flag): nobody knows what the worker spent after the last measurement. A run that
+was still queued when its owner died had spent nothing; it is closed and releases at once.
+
+Several processes may sweep at once; the ``UPDATE ... WHERE status != 'finished'`` that closes
+a run decides which of them records it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bothy.clock import Clock, to_us
+from bothy.engine.audit import AuditLog
+from bothy.engine.procgroup import GroupRecord, end_orphan_group, process_start_time
+from bothy.engine.state import RunRow, StateDB
+
+
+@dataclass(frozen=True)
+class Recovered:
+    run_id: str
+    subject: str
+    was: str
+    group: str
+
+
+def owner_alive(row: RunRow) -> bool:
+    """The run's owner is still the process that admitted it (not a recycled pid)."""
+    return row.owner_start is not None and process_start_time(row.owner_pid) == row.owner_start
+
+
+class Recovery:
+    """Sweeps the state for runs whose owner died."""
+
+    def __init__(self, db: StateDB, audit: AuditLog, *, clock: Clock, grace_s: float) -> None:
+        self._db = db
+        self._audit = audit
+        self._clock = clock
+        self._grace_s = grace_s
+
+    async def orphans(self) -> list[RunRow]:
+        rows = await self._db.runs_with_status("queued", "running")
+        return [row for row in rows if not owner_alive(row)]
+
+    async def sweep(self) -> list[Recovered]:
+        recovered = []
+        for row in await self.orphans():
+            group = await self._end_group(row)
+            if await self._close(row, group):
+                recovered.append(Recovered(row.run_id, row.subject, row.status, group))
+        return recovered
+
+    async def _end_group(self, row: RunRow) -> str:
+        if row.pgid is None or row.leader_pid is None or row.leader_start is None:
+            return "none"
+        record = GroupRecord(row.pgid, row.leader_pid, row.leader_start)
+        outcome = await end_orphan_group(record, grace_s=self._grace_s)
+        return outcome.describe()
+
+    async def _close(self, row: RunRow, group: str) -> bool:
+        crashed = 1 if row.status == "running" else 0
+        reason = (
+            f"its bothy process (pid {row.owner_pid}) died while the run was {row.status};"
+            f" worker group: {group}"
+        )
+        async with self._db.transaction():
+            changed = await self._db.execute(
+                "UPDATE runs SET status = 'finished', outcome = 'failed', reason = ?,"
+                " crashed = ?, finished_us = ? WHERE run_id = ? AND status != 'finished'",
+                (reason, crashed, to_us(self._clock()), row.run_id),
+            )
+        if changed:
+            await self._audit.record(
+                "run",
+                "recovered",
+                "failed",
+                subject=row.subject,
+                run_id=row.run_id,
+                details={
+                    "was": row.status,
+                    "owner_pid": row.owner_pid,
+                    "pgid": row.pgid,
+                    "group": group,
+                    "reservation": "held until it expires" if crashed else "released",
+                },
+            )
+        return bool(changed)

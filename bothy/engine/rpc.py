@@ -1,0 +1,179 @@
+"""JSON-RPC over the app-server's stdio: newline-delimited JSON, no ``"jsonrpc"`` field.
+
+The connection owns one reader task. Responses resolve the futures of our requests; server
+notifications and server requests go, in arrival order, to an inbox queue that the supervisor
+drains (and into which it may put its own items, such as a stop request). When the stream
+ends or carries a frame that is not JSON-RPC, every pending request fails and the inbox gets a
+:class:`ConnectionLost` saying why: nothing waits forever on a dead worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from bothy.errors import AppServerError, RpcProtocolError
+
+# One frame may carry a whole diff or command output; StreamReader's default is 64 KiB.
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Notification:
+    method: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ServerRequest:
+    """A request from the app-server that we must answer (approvals, tool calls...)."""
+
+    request_id: int | str
+    method: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ConnectionLost:
+    error: AppServerError
+
+
+Incoming = Notification | ServerRequest | ConnectionLost
+
+
+class RpcConnection:
+    """A JSON-RPC client over a pair of asyncio streams."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        inbox: asyncio.Queue[Any],
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self.inbox = inbox
+        self._next_id = 1
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._lost: AppServerError | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._reader_task = asyncio.create_task(self._read_loop(), name="rpc-reader")
+
+    async def close(self) -> None:
+        """Close stdin (the app-server exits on EOF) and stop reading."""
+        if not self._writer.is_closing():
+            self._writer.close()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader_task
+            self._reader_task = None
+
+    async def request(self, method: str, params: dict[str, Any], *, timeout_s: float) -> Any:
+        """Send a request and wait for its result; raise AppServerError on error or death."""
+        if self._lost is not None:
+            raise AppServerError(f"Cannot send '{method}': {self._lost}", method=method)
+        request_id = self._next_id
+        self._next_id += 1
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            await self._send({"id": request_id, "method": method, "params": params}, method)
+            async with asyncio.timeout(timeout_s):
+                reply = await future
+        except TimeoutError:
+            raise AppServerError(
+                f"'{method}' got no answer within {timeout_s:g} s", method=method
+            ) from None
+        finally:
+            self._pending.pop(request_id, None)
+        if "error" in reply:
+            error = reply["error"] if isinstance(reply["error"], dict) else {}
+            raise AppServerError(
+                f"'{method}' failed: {error.get('message', reply['error'])}", method=method
+            )
+        return reply.get("result")
+
+    async def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
+        message: dict[str, Any] = {"method": method}
+        if params is not None:
+            message["params"] = params
+        await self._send(message, method)
+
+    async def respond(self, request_id: int | str, result: dict[str, Any]) -> None:
+        await self._send({"id": request_id, "result": result}, "response")
+
+    async def respond_error(self, request_id: int | str, code: int, message: str) -> None:
+        await self._send({"id": request_id, "error": {"code": code, "message": message}}, "error")
+
+    async def _send(self, message: dict[str, Any], what: str) -> None:
+        data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        try:
+            self._writer.write(data)
+            await self._writer.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            raise AppServerError(
+                f"Cannot send '{what}': the app-server's stdin is closed ({exc})", method=what
+            ) from exc
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                try:
+                    line = await self._reader.readuntil(b"\n")
+                except asyncio.IncompleteReadError as exc:
+                    if exc.partial.strip():
+                        raise RpcProtocolError(
+                            f"the app-server's output ended mid-frame ({len(exc.partial)} bytes"
+                            " without a newline)"
+                        ) from None
+                    raise AppServerError("the app-server closed its output") from None
+                except asyncio.LimitOverrunError:
+                    raise RpcProtocolError(
+                        f"a frame from the app-server exceeds {MAX_FRAME_BYTES} bytes"
+                    ) from None
+                if line.strip():
+                    self._dispatch(_decode(line))
+        except AppServerError as exc:
+            self._fail(exc)
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        method = message.get("method")
+        if isinstance(method, str):
+            params = message.get("params") or {}
+            if not isinstance(params, dict):
+                raise RpcProtocolError(f"'{method}' carries params that are not an object")
+            if "id" in message:
+                self.inbox.put_nowait(ServerRequest(message["id"], method, params))
+            else:
+                self.inbox.put_nowait(Notification(method, params))
+            return
+        request_id = message.get("id")
+        future = self._pending.get(request_id) if isinstance(request_id, int) else None
+        if future is None:
+            raise RpcProtocolError(f"a response to a request we never sent (id {request_id!r})")
+        if not future.done():
+            future.set_result(message)
+
+    def _fail(self, error: AppServerError) -> None:
+        self._lost = error
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self.inbox.put_nowait(ConnectionLost(error))
+
+
+def _decode(line: bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        preview = line[:80].decode(errors="replace")
+        raise RpcProtocolError(f"the app-server sent a frame that is not JSON: {preview!r}") from exc
+    if not isinstance(message, dict):
+        raise RpcProtocolError("the app-server sent a JSON frame that is not an object")
+    return message

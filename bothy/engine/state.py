@@ -1,0 +1,189 @@
+"""Bothy's state: one SQLite database shared by every Bothy process on the machine.
+
+Every connection runs WAL with ``synchronous=FULL`` (a committed gate decision survives a power
+loss, not only a crash: contracts.md §8) and every write that decides something opens with
+``BEGIN IMMEDIATE`` so that several processes see one truth: a deferred transaction that read
+and then writes after another process committed fails at once with SQLITE_BUSY instead of
+waiting (contracts.md §8, "the multi-process trap").
+
+Times are integer microseconds since the epoch (UTC); money is integer micro-dollars.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from bothy.errors import StateError
+
+_SCHEMA_VERSION = 1
+_BUSY_TIMEOUT_MS = 30_000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    seq                 INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id              TEXT NOT NULL UNIQUE,
+    subject             TEXT NOT NULL,
+    source              TEXT NOT NULL,
+    status              TEXT NOT NULL CHECK (status IN ('queued', 'running', 'finished')),
+    outcome             TEXT,
+    reserved_micros     INTEGER NOT NULL,
+    spent_micros        INTEGER NOT NULL DEFAULT 0,
+    tokens              INTEGER NOT NULL DEFAULT 0,
+    model               TEXT,
+    admitted_us         INTEGER NOT NULL,
+    started_us          INTEGER,
+    finished_us         INTEGER,
+    expires_us          INTEGER NOT NULL,
+    owner_pid           INTEGER NOT NULL,
+    owner_start         TEXT,
+    pgid                INTEGER,
+    leader_pid          INTEGER,
+    leader_start        TEXT,
+    cancel_requested_us INTEGER,
+    crashed             INTEGER NOT NULL DEFAULT 0,
+    reason              TEXT,
+    final_text          TEXT
+);
+CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status);
+CREATE INDEX IF NOT EXISTS runs_by_lane ON runs (subject, seq);
+CREATE TABLE IF NOT EXISTS spend (
+    id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id  TEXT NOT NULL,
+    day     TEXT NOT NULL,
+    micros  INTEGER NOT NULL,
+    at_us   INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS spend_by_day ON spend (day);
+"""
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One row of the ``runs`` table."""
+
+    seq: int
+    run_id: str
+    subject: str
+    source: str
+    status: str
+    outcome: str | None
+    reserved_micros: int
+    spent_micros: int
+    tokens: int
+    model: str | None
+    admitted_us: int
+    started_us: int | None
+    finished_us: int | None
+    expires_us: int
+    owner_pid: int
+    owner_start: str | None
+    pgid: int | None
+    leader_pid: int | None
+    leader_start: str | None
+    cancel_requested_us: int | None
+    crashed: int
+    reason: str | None
+    final_text: str | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> RunRow:
+        return cls(**{name: row[name] for name in cls.__dataclass_fields__})
+
+
+class StateDB:
+    """An open connection to the state database. Use ``async with StateDB.open(path)``."""
+
+    def __init__(self, connection: aiosqlite.Connection) -> None:
+        self._db = connection
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, path: Path) -> AsyncIterator[StateDB]:
+        try:
+            connection = await aiosqlite.connect(
+                path, isolation_level=None, timeout=_BUSY_TIMEOUT_MS / 1000
+            )
+        except sqlite3.Error as exc:
+            raise StateError(f"cannot open the state database {path}: {exc}") from exc
+        try:
+            connection.row_factory = aiosqlite.Row
+            db = cls(connection)
+            await db._prepare(path)
+            yield db
+        finally:
+            await connection.close()
+
+    async def _prepare(self, path: Path) -> None:
+        try:
+            await self._db.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+            await self._db.execute("PRAGMA journal_mode = WAL")
+            await self._db.execute("PRAGMA synchronous = FULL")
+            if sys.platform == "darwin":
+                # macOS fsync does not reach the platter; F_FULLFSYNC does (contracts.md §7).
+                await self._db.execute("PRAGMA fullfsync = 1")
+                await self._db.execute("PRAGMA checkpoint_fullfsync = 1")
+            async with self._db.execute("PRAGMA user_version") as cursor:
+                row = await cursor.fetchone()
+            if row is not None and row[0] >= _SCHEMA_VERSION:
+                return
+            async with self.transaction():
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        await self._db.execute(statement)
+                await self._db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+        except sqlite3.Error as exc:
+            raise StateError(f"cannot prepare the state database {path}: {exc}") from exc
+        path.chmod(0o600)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[StateDB]:
+        """A write transaction taken with BEGIN IMMEDIATE; committed on success."""
+        await self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self
+        except BaseException:
+            await self._db.execute("ROLLBACK")
+            raise
+        else:
+            await self._db.execute("COMMIT")
+
+    async def execute(self, sql: str, params: tuple[Any, ...] = ()) -> int:
+        """Run a statement; return the number of rows it changed."""
+        cursor = await self._db.execute(sql, params)
+        changed = cursor.rowcount
+        await cursor.close()
+        return changed
+
+    async def fetch_all(self, sql: str, params: tuple[Any, ...] = ()) -> list[Mapping[str, Any]]:
+        async with self._db.execute(sql, params) as cursor:
+            return list(await cursor.fetchall())
+
+    async def fetch_one(self, sql: str, params: tuple[Any, ...] = ()) -> Mapping[str, Any] | None:
+        async with self._db.execute(sql, params) as cursor:
+            row: Mapping[str, Any] | None = await cursor.fetchone()
+            return row
+
+    async def scalar(self, sql: str, params: tuple[Any, ...] = ()) -> int:
+        row = await self.fetch_one(sql, params)
+        if row is None or row[0] is None:
+            return 0
+        return int(row[0])
+
+    async def run(self, run_id: str) -> RunRow | None:
+        row = await self.fetch_one("SELECT * FROM runs WHERE run_id = ?", (run_id,))
+        return RunRow.from_row(row) if row is not None else None
+
+    async def runs_with_status(self, *statuses: str) -> list[RunRow]:
+        marks = ",".join("?" for _ in statuses)
+        rows = await self.fetch_all(
+            f"SELECT * FROM runs WHERE status IN ({marks}) ORDER BY seq", tuple(statuses)
+        )
+        return [RunRow.from_row(row) for row in rows]

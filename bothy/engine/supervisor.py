@@ -1,0 +1,457 @@
+"""A run, end to end: wake → gates → worker → supervise → settle → record.
+
+Each step is a method of :class:`Supervisor`; the audit record that closes a run and its
+budget settlement are written in ``finally`` so that no exit path (limit, cancel, crash of the
+worker, our own cancellation) leaves a reservation or an unfinished trace behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from bothy.clock import Clock
+from bothy.config import Config, Price
+from bothy.engine.audit import AuditLog
+from bothy.engine.budget import Admitted, BudgetGate, Refused, Ticket
+from bothy.engine.launch import Launch
+from bothy.engine.pool import Waiting, Withdrawn, WorkerPool
+from bothy.engine.prices import PriceTable, TokenUsage
+from bothy.engine.procgroup import process_start_time
+from bothy.engine.recovery import Recovery
+from bothy.engine.rpc import ConnectionLost, Notification, ServerRequest
+from bothy.engine.state import StateDB
+from bothy.engine.worker import Worker
+from bothy.errors import AppServerError, ProcessGroupError
+from bothy.money import format_usd
+
+NO_REPLY = "NO_REPLY"
+FINAL_TEXT_MAX_CHARS = 20_000
+_WATCH_INTERVAL_S = 0.25
+_REFRESH_EVERY_S = 5.0
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What was asked, and the limits it runs under."""
+
+    prompt: str
+    subject: str
+    source: str
+    max_usd_micros: int
+    wall_clock_s: int
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_id: str
+    outcome: str
+    cost_micros: int
+    final_text: str
+    reason: str | None = None
+
+    @property
+    def answer(self) -> str:
+        """The text to show a person: never ``NO_REPLY``."""
+        return "" if self.final_text.strip() == NO_REPLY else self.final_text
+
+
+class Progress(Protocol):
+    """What a foreground run shows while it works."""
+
+    def admitted(self, run_id: str) -> None: ...
+    def waiting(self, reason: str) -> None: ...
+    def started(self, run_id: str, pid: int) -> None: ...
+    def text(self, delta: str) -> None: ...
+    def usage(self, tokens: int, cost_micros: int) -> None: ...
+
+
+class SilentProgress:
+    def admitted(self, run_id: str) -> None: ...
+    def waiting(self, reason: str) -> None: ...
+    def started(self, run_id: str, pid: int) -> None: ...
+    def text(self, delta: str) -> None: ...
+    def usage(self, tokens: int, cost_micros: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Stop:
+    """A request, from the watcher or a limit, to end the turn with this outcome."""
+
+    outcome: str
+    reason: str
+
+
+@dataclass
+class _Turn:
+    """What the supervisor has learnt about the running turn so far."""
+
+    run_id: str
+    subject: str
+    thread_id: str
+    turn_id: str
+    price: Price
+    reserved_micros: int
+    text: str = ""
+    tokens: int = 0
+    cost_micros: int = 0
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def new_run_id(clock: Clock) -> str:
+    """``run_YYYYMMDDTHHMMSSZ_<8 hex>``."""
+    return f"run_{clock():%Y%m%dT%H%M%SZ}_{secrets.token_hex(4)}"
+
+
+class Supervisor:
+    """Runs one request at a time under every gate; share one per process."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        db: StateDB,
+        audit: AuditLog,
+        launch: Launch,
+        clock: Clock,
+    ) -> None:
+        self._cfg = cfg
+        self._db = db
+        self._audit = audit
+        self._launch = launch
+        self._clock = clock
+        self._prices = PriceTable(cfg.budget.prices)
+        self.budget = BudgetGate(db, cfg.budget, self._prices, clock=clock)
+        self.pool = WorkerPool(db, cfg.pool, clock=clock)
+        self.recovery = Recovery(db, audit, clock=clock, grace_s=cfg.limits.stop_grace_s)
+        self._owner_start = process_start_time(os.getpid())
+        # Set by the owner (a signal handler) to stop every run of this process gracefully.
+        self.stopping = asyncio.Event()
+
+    async def execute(self, request: RunRequest, progress: Progress | None = None) -> RunResult:
+        """Take one wake through the gates and, if admitted, through a worker."""
+        shown = progress or SilentProgress()
+        run_id = new_run_id(self._clock)
+        await self._audit.record(
+            "wake", "received", "ok", subject=request.subject, run_id=run_id,
+            details={"source": request.source, "prompt_chars": len(request.prompt)},
+        )
+        decision = await self.budget.admit(
+            Ticket(run_id, request.subject, request.source, request.max_usd_micros,
+                   os.getpid(), self._owner_start, self._cfg.codex.model)
+        )
+        if isinstance(decision, Refused):
+            return await self._refused(run_id, request.subject, decision)
+        await self._admitted(run_id, request.subject, decision)
+        shown.admitted(run_id)
+        outcome, reason, text = "failed", "the run ended unexpectedly", ""
+        try:
+            outcome, reason, text = await self._claim_and_work(run_id, request, decision, shown)
+        except asyncio.CancelledError:
+            outcome, reason = "cancelled", "bothy was stopped while the run worked"
+            raise
+        finally:
+            result = await asyncio.shield(self._settle(run_id, request.subject, outcome, reason, text))
+        return result
+
+    async def _refused(self, run_id: str, subject: str, refusal: Refused) -> RunResult:
+        await self._audit.record(
+            "run", "refused", "refused", subject=subject, run_id=run_id,
+            details={"gate": refusal.gate, "message": refusal.message, **refusal.figures},
+        )
+        return RunResult(run_id, "refused", 0, "", refusal.sentence())
+
+    async def _admitted(self, run_id: str, subject: str, admitted: Admitted) -> None:
+        await self._audit.record(
+            "run", "admitted", "ok", subject=subject, run_id=run_id,
+            details={
+                "reserved_usd": format_usd(admitted.reserved_micros, 6),
+                "used_usd": format_usd(admitted.used_micros, 6),
+                "already_reserved_usd": format_usd(admitted.already_reserved_micros, 6),
+                "ceiling_usd": format_usd(admitted.ceiling_micros, 6),
+            },
+        )
+
+    async def _claim_and_work(
+        self, run_id: str, request: RunRequest, admitted: Admitted, progress: Progress
+    ) -> tuple[str, str | None, str]:
+        async def between_tries() -> None:
+            if self.stopping.is_set():
+                await self.pool.request_cancel(run_id)
+            await self.recovery.sweep()
+            await self.budget.refresh(run_id)
+
+        claim = await self.pool.wait_for_slot(
+            run_id, between_tries=between_tries, on_wait=lambda w: self._waiting(w, progress)
+        )
+        if isinstance(claim, Withdrawn):
+            return "cancelled", claim.reason, ""
+        return await self._work(run_id, request, admitted, progress)
+
+    def _waiting(self, waiting: Waiting, progress: Progress) -> None:
+        progress.waiting(waiting.reason)
+
+    async def _work(
+        self, run_id: str, request: RunRequest, admitted: Admitted, progress: Progress
+    ) -> tuple[str, str | None, str]:
+        inbox: asyncio.Queue[Any] = asyncio.Queue()
+        worker = Worker(self._launch, cwd=self._cfg.workspace, inbox=inbox)
+        try:
+            record = await worker.start()
+        except (OSError, ProcessGroupError) as exc:
+            return "failed", f"the worker could not start: {exc}", ""
+        try:
+            await self.pool.attach_worker(run_id, record, None)
+            await self._audit.record(
+                "run", "started", "ok", subject=request.subject, run_id=run_id,
+                details={"pgid": record.pgid, "leader_pid": record.leader_pid,
+                         "leader_start": record.leader_start, "command": self._launch.argv[0]},
+            )
+            progress.started(run_id, record.leader_pid)
+            return await self._converse(run_id, request, admitted, worker, inbox, progress)
+        except AppServerError as exc:
+            return "failed", _with_stderr(str(exc), worker), ""
+        finally:
+            report = await asyncio.shield(worker.stop(grace_s=self._cfg.limits.stop_grace_s))
+            await self._audit.record(
+                "worker", "stopped", "failed" if report and report.survivors else "ok",
+                subject=request.subject, run_id=run_id,
+                details={"how": report.describe() if report else "never started",
+                         "exit_code": worker.exit_code()},
+            )
+
+    async def _converse(
+        self,
+        run_id: str,
+        request: RunRequest,
+        admitted: Admitted,
+        worker: Worker,
+        inbox: asyncio.Queue[Any],
+        progress: Progress,
+    ) -> tuple[str, str | None, str]:
+        await worker.initialize()
+        thread = await worker.start_thread(
+            model=self._cfg.codex.model, sandbox="read-only", approval_policy="on-request"
+        )
+        await self.pool.attach_worker(run_id, worker.record, thread.model)
+        refusal = self.budget.price_refusal(thread.model)
+        price = self._prices.lookup(thread.model)
+        if refusal is not None or price is None:
+            assert refusal is not None
+            await self._audit.record(
+                "run", "refused", "refused", subject=request.subject, run_id=run_id,
+                details={"gate": refusal.gate, "message": refusal.message, **refusal.figures},
+            )
+            return "refused", refusal.sentence(), ""
+        turn_id = await worker.start_turn(thread.thread_id, request.prompt)
+        turn = _Turn(run_id, request.subject, thread.thread_id, turn_id, price,
+                     admitted.reserved_micros)
+        watcher = asyncio.create_task(self._watch(run_id, inbox))
+        try:
+            return await self._stream(turn, request, worker, inbox, progress)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _watch(self, run_id: str, inbox: asyncio.Queue[Any]) -> None:
+        """Poll for `bothy cancel` from other shells; keep the reservation alive."""
+        loop = asyncio.get_running_loop()
+        refreshed_at = loop.time()
+        while True:
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+            if self.stopping.is_set():
+                inbox.put_nowait(_Stop("cancelled", "bothy received a stop signal"))
+                return
+            if await self.pool.cancel_requested(run_id):
+                inbox.put_nowait(_Stop("cancelled", "cancelled by `bothy cancel`"))
+                return
+            if loop.time() - refreshed_at >= _REFRESH_EVERY_S:
+                await self.budget.refresh(run_id)
+                refreshed_at = loop.time()
+
+    async def _stream(
+        self,
+        turn: _Turn,
+        request: RunRequest,
+        worker: Worker,
+        inbox: asyncio.Queue[Any],
+        progress: Progress,
+    ) -> tuple[str, str | None, str]:
+        deadline = asyncio.get_running_loop().time() + request.wall_clock_s
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    item = await inbox.get()
+            except TimeoutError:
+                item = _Stop("timed_out", f"wall clock of {request.wall_clock_s} s reached")
+            if isinstance(item, _Stop):
+                await worker.interrupt(turn.thread_id, turn.turn_id)
+                return item.outcome, item.reason, turn.text
+            if isinstance(item, ConnectionLost):
+                reason = f"the app-server died mid-turn: {item.error}"
+                return "failed", _with_stderr(reason, worker), turn.text
+            if isinstance(item, ServerRequest):
+                await self._decline(turn, item, worker)
+                continue
+            ended = await self._notice(turn, item, request, progress, inbox)
+            if ended is not None:
+                return ended
+
+    async def _notice(
+        self,
+        turn: _Turn,
+        note: Notification,
+        request: RunRequest,
+        progress: Progress,
+        inbox: asyncio.Queue[Any],
+    ) -> tuple[str, str | None, str] | None:
+        params = note.params
+        if note.method == "item/agentMessage/delta":
+            progress.text(str(params.get("delta", "")))
+        elif note.method == "item/completed":
+            item = params.get("item") or {}
+            if item.get("type") == "agentMessage":
+                turn.text = str(item.get("text", ""))
+        elif note.method == "thread/tokenUsage/updated":
+            await self._measure(turn, params, request, progress, inbox)
+        elif note.method == "error":
+            error = params.get("error") or {}
+            if not params.get("willRetry"):
+                turn.error = str(error.get("message", "unknown error"))
+        elif note.method == "turn/completed":
+            return self._turn_end(turn, params)
+        return None
+
+    async def _measure(
+        self,
+        turn: _Turn,
+        params: dict[str, Any],
+        request: RunRequest,
+        progress: Progress,
+        inbox: asyncio.Queue[Any],
+    ) -> None:
+        try:
+            usage = TokenUsage.from_codex((params.get("tokenUsage") or {}).get("total") or {})
+        except ValueError as exc:
+            turn.notes.append(f"ignored a malformed token usage report: {exc}")
+            return
+        turn.tokens = usage.total_tokens
+        turn.cost_micros = self._prices.cost_micros(turn.price, usage)
+        await self.budget.fill(turn.run_id, turn.cost_micros, turn.tokens)
+        progress.usage(turn.tokens, turn.cost_micros)
+        if request.max_tokens is not None and usage.total_tokens >= request.max_tokens:
+            inbox.put_nowait(_Stop(
+                "token_limit",
+                f"used {usage.total_tokens} tokens, limit {request.max_tokens}",
+            ))
+        elif turn.cost_micros >= turn.reserved_micros:
+            inbox.put_nowait(_Stop(
+                "budget_limit",
+                f"spent {format_usd(turn.cost_micros, 4)} usd of its "
+                f"{format_usd(turn.reserved_micros, 4)} usd reservation",
+            ))
+
+    def _turn_end(self, turn: _Turn, params: dict[str, Any]) -> tuple[str, str | None, str] | None:
+        completed = params.get("turn") or {}
+        if completed.get("id") not in (None, turn.turn_id):
+            return None
+        status = completed.get("status")
+        if status == "completed":
+            return "completed", None, turn.text
+        error = completed.get("error") or {}
+        message = error.get("message") if isinstance(error, dict) else None
+        reason = message or turn.error or f"the turn ended with status {status!r}"
+        return "failed", str(reason), turn.text
+
+    async def _decline(self, turn: _Turn, request: ServerRequest, worker: Worker) -> None:
+        """Until profiles exist, every approval and tool request is declined, fail-closed."""
+        answer, what = _declination(request)
+        if answer is None:
+            await worker.respond_error(request.request_id, -32601, what)
+        else:
+            await worker.respond(request.request_id, answer)
+        await self._audit.record(
+            "tool", "declined", "refused", subject=turn.subject, run_id=turn.run_id,
+            details={"request": request.method, "what": what,
+                     "reason": "no profile grants tools yet: every request is declined"},
+        )
+
+    async def _settle(
+        self, run_id: str, subject: str, outcome: str, reason: str | None, text: str
+    ) -> RunResult:
+        kept = _truncate(text)
+        settlement = await self.budget.settle(run_id, outcome=outcome, reason=reason, final_text=kept)
+        await self._audit.record(
+            "budget", "settled", "ok", subject=subject, run_id=run_id,
+            details={"cost_usd": format_usd(settlement.cost_micros, 6),
+                     "reserved_usd": format_usd(settlement.reserved_micros, 6),
+                     "released_usd": format_usd(settlement.released_micros, 6)},
+        )
+        await self._audit.record(
+            "run", "finished", outcome, subject=subject, run_id=run_id,
+            details={"reason": reason, "cost_usd": format_usd(settlement.cost_micros, 6),
+                     "final_chars": len(text)},
+        )
+        return RunResult(run_id, outcome, settlement.cost_micros, kept, reason)
+
+
+def _declination(request: ServerRequest) -> tuple[dict[str, Any] | None, str]:
+    params = request.params
+    match request.method:
+        case "item/commandExecution/requestApproval":
+            return {"decision": "decline"}, f"shell: {params.get('command', '?')}"
+        case "item/fileChange/requestApproval":
+            return {"decision": "decline"}, "apply_patch"
+        case "item/permissions/requestApproval":
+            return {"permissions": {}}, "extra permissions"
+        case "mcpServer/elicitation/request":
+            return {"action": "decline"}, "mcp elicitation"
+        case "item/tool/requestUserInput":
+            questions = params.get("questions") or []
+            answers = {
+                str(q.get("id")): {"answers": ["No answer is coming: nobody can be asked from"
+                                               " this run. Continue without it."]}
+                for q in questions if isinstance(q, dict)
+            }
+            return {"answers": answers}, "request_user_input"
+        case "item/tool/call":
+            return {"success": False, "contentItems": [
+                {"type": "inputText", "text": f"tool {params.get('tool')!r} is not granted"}
+            ]}, f"tool {params.get('tool')}"
+        case "execCommandApproval" | "applyPatchApproval":
+            return {"decision": "denied"}, request.method
+        case _:
+            return None, f"unsupported request {request.method!r}"
+
+
+def _truncate(text: str) -> str:
+    if len(text) <= FINAL_TEXT_MAX_CHARS:
+        return text
+    dropped = len(text) - FINAL_TEXT_MAX_CHARS
+    return text[:FINAL_TEXT_MAX_CHARS] + f"\n[truncated by bothy: {dropped} more characters]"
+
+
+def _with_stderr(reason: str, worker: Worker) -> str:
+    tail = worker.stderr_tail().strip()
+    code = worker.exit_code()
+    parts = [reason]
+    if code is not None:
+        parts.append(f"exit code {code}")
+    if tail:
+        parts.append(f"stderr: {tail.splitlines()[-1][:300]}")
+    return "; ".join(parts)
+
+
+def workspace_problem(workspace: Path) -> str | None:
+    """Why the configured workspace cannot host a run, or None."""
+    if not workspace.is_dir():
+        return f"workspace {workspace} does not exist or is not a directory"
+    return None

@@ -1,0 +1,161 @@
+"""One worker: a ``codex app-server`` in its own process group, spoken to over JSON-RPC.
+
+The worker knows the protocol's request/response calls (initialize, thread/start, turn/start,
+turn/interrupt) and nothing about budgets or policy; what the app-server says on its own
+(notifications, approval requests) lands in the inbox the supervisor drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bothy import __version__
+from bothy.engine.launch import Launch
+from bothy.engine.procgroup import GroupRecord, ProcessGroup, StopReport
+from bothy.engine.rpc import MAX_FRAME_BYTES, RpcConnection
+from bothy.errors import AppServerError
+
+_INIT_TIMEOUT_S = 60.0
+_CALL_TIMEOUT_S = 30.0
+_INTERRUPT_TIMEOUT_S = 3.0
+_STDERR_TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class ThreadInfo:
+    thread_id: str
+    model: str
+
+
+class Worker:
+    """A supervised codex app-server. ``start`` → ``initialize`` → threads and turns → ``stop``."""
+
+    def __init__(self, launch: Launch, *, cwd: Path, inbox: asyncio.Queue[Any]) -> None:
+        self._launch = launch
+        self._cwd = cwd
+        self.inbox = inbox
+        self._group: ProcessGroup | None = None
+        self._rpc: RpcConnection | None = None
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
+        self._stderr_task: asyncio.Task[None] | None = None
+
+    @property
+    def record(self) -> GroupRecord:
+        return self._running_group().record
+
+    async def start(self) -> GroupRecord:
+        """Spawn the app-server in a new session (its own process group)."""
+        self._group = await ProcessGroup.spawn(
+            self._launch.argv,
+            env=self._launch.env,
+            cwd=self._cwd,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            limit=MAX_FRAME_BYTES,
+        )
+        process = self._group.process
+        assert process.stdout is not None and process.stdin is not None
+        assert process.stderr is not None
+        self._rpc = RpcConnection(process.stdout, process.stdin, self.inbox)
+        self._rpc.start()
+        self._stderr_task = asyncio.create_task(self._drain_stderr(process.stderr))
+        return self._group.record
+
+    async def initialize(self) -> dict[str, Any]:
+        result = await self._call(
+            "initialize",
+            {
+                "clientInfo": {"name": "bothy", "title": "Bothy", "version": __version__},
+                "capabilities": {"experimentalApi": True},
+            },
+            timeout_s=_INIT_TIMEOUT_S,
+        )
+        await self._connection().notify("initialized")
+        return result if isinstance(result, dict) else {}
+
+    async def start_thread(
+        self, *, model: str | None, sandbox: str, approval_policy: str
+    ) -> ThreadInfo:
+        params: dict[str, Any] = {
+            "cwd": str(self._cwd),
+            "approvalPolicy": approval_policy,
+            "sandbox": sandbox,
+            "ephemeral": True,
+        }
+        if model is not None:
+            params["model"] = model
+        result = await self._call("thread/start", params)
+        thread = result.get("thread") if isinstance(result, dict) else None
+        if not isinstance(thread, dict) or not isinstance(thread.get("id"), str):
+            raise AppServerError("'thread/start' answered without a thread id", method="thread/start")
+        return ThreadInfo(thread["id"], str(thread.get("model") or model or "unknown"))
+
+    async def start_turn(self, thread_id: str, text: str) -> str:
+        result = await self._call(
+            "turn/start", {"threadId": thread_id, "input": [{"type": "text", "text": text}]}
+        )
+        turn = result.get("turn") if isinstance(result, dict) else None
+        if not isinstance(turn, dict) or not isinstance(turn.get("id"), str):
+            raise AppServerError("'turn/start' answered without a turn id", method="turn/start")
+        return str(turn["id"])
+
+    async def interrupt(self, thread_id: str, turn_id: str) -> bool:
+        """Ask the turn to stop; False if the app-server could not be told."""
+        try:
+            await self._call(
+                "turn/interrupt",
+                {"threadId": thread_id, "turnId": turn_id},
+                timeout_s=_INTERRUPT_TIMEOUT_S,
+            )
+        except AppServerError:
+            return False
+        return True
+
+    async def respond(self, request_id: int | str, result: dict[str, Any]) -> None:
+        await self._connection().respond(request_id, result)
+
+    async def respond_error(self, request_id: int | str, code: int, message: str) -> None:
+        await self._connection().respond_error(request_id, code, message)
+
+    def exit_code(self) -> int | None:
+        return self._group.process.returncode if self._group is not None else None
+
+    def stderr_tail(self) -> str:
+        return "\n".join(self._stderr_tail)
+
+    async def stop(self, *, grace_s: float) -> StopReport | None:
+        """Close stdin, then stop the whole group (TERM, bounded wait, KILL)."""
+        if self._rpc is not None:
+            await self._rpc.close()
+        report = await self._group.stop(grace_s=grace_s) if self._group is not None else None
+        if self._stderr_task is not None:
+            self._stderr_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._stderr_task
+        return report
+
+    async def _call(
+        self, method: str, params: dict[str, Any], *, timeout_s: float = _CALL_TIMEOUT_S
+    ) -> Any:
+        return await self._connection().request(method, params, timeout_s=timeout_s)
+
+    def _connection(self) -> RpcConnection:
+        if self._rpc is None:
+            raise AppServerError("the worker was used before it was started")
+        return self._rpc
+
+    def _running_group(self) -> ProcessGroup:
+        if self._group is None:
+            raise AppServerError("the worker has no process group yet")
+        return self._group
+
+    async def _drain_stderr(self, stderr: asyncio.StreamReader) -> None:
+        # The app-server logs to stderr; an undrained pipe would block it once full.
+        while line := await stderr.readline():
+            self._stderr_tail.append(line.decode(errors="replace").rstrip())

@@ -1,0 +1,56 @@
+"""Where everything lives: ``$BOTHY_HOME`` (default ``~/.bothy``) and its layout.
+
+Directories are created 0700 and files holding secrets or payloads 0600 (SPEC §1).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from bothy.errors import StateError
+
+
+@dataclass(frozen=True)
+class BothyHome:
+    """The paths under one ``$BOTHY_HOME``."""
+
+    root: Path
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> BothyHome:
+        env = os.environ if environ is None else environ
+        configured = env.get("BOTHY_HOME")
+        root = Path(configured).expanduser() if configured else Path.home() / ".bothy"
+        return cls(root.absolute())
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / "config.json"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "bothy.sqlite3"
+
+    @property
+    def audit_path(self) -> Path:
+        return self.state_dir / "audit.jsonl"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.root / "runs"
+
+    def ensure(self) -> None:
+        """Create the state layout (0700 directories). Raise StateError if it cannot be."""
+        for directory in (self.root, self.state_dir, self.runs_dir):
+            try:
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StateError(f"cannot create {directory}: {exc.strerror}") from exc
+            if not os.access(directory, os.W_OK | os.X_OK):
+                raise StateError(f"{directory} is not writable by this user")

@@ -1,0 +1,87 @@
+"""What a foreground ``bothy run`` shows while it works, on stderr.
+
+On a terminal: the agent's text as it streams, then a live status line (elapsed time, tokens,
+cost) redrawn in place. Elsewhere (a pipe, a log file): plain lines, one per step, so that a
+log stays readable and greppable.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+from bothy.money import format_usd
+
+
+class PlainProgress:
+    """One line per step, no escape codes."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._out = stream or sys.stderr
+
+    def _line(self, text: str) -> None:
+        print(f"bothy: {text}", file=self._out, flush=True)
+
+    def admitted(self, run_id: str) -> None:
+        self._line(f"admitted {run_id}")
+
+    def waiting(self, reason: str) -> None:
+        self._line(f"waiting: {reason}")
+
+    def started(self, run_id: str, pid: int) -> None:
+        self._line(f"started {run_id} (worker pid {pid})")
+
+    def text(self, delta: str) -> None:
+        """Plain output keeps the answer for the final line only."""
+
+    def usage(self, tokens: int, cost_micros: int) -> None:
+        self._line(f"usage {tokens} tokens, {format_usd(cost_micros, 4)} usd")
+
+
+class TerminalProgress:
+    """Streams the agent's text and redraws a status line in place."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._out = stream or sys.stderr
+        self._started = time.monotonic()
+        self._tokens = 0
+        self._cost_micros = 0
+        self._status = "admitted"
+        self._mid_text = False
+
+    def admitted(self, run_id: str) -> None:
+        self._status = run_id
+        self._redraw()
+
+    def waiting(self, reason: str) -> None:
+        self._status = f"waiting: {reason}"
+        self._redraw()
+
+    def started(self, run_id: str, pid: int) -> None:
+        self._status = f"{run_id} working (pid {pid})"
+        self._redraw()
+
+    def text(self, delta: str) -> None:
+        self._out.write("\r\033[K" + delta if not self._mid_text else delta)
+        self._mid_text = not delta.endswith("\n")
+        self._out.flush()
+
+    def usage(self, tokens: int, cost_micros: int) -> None:
+        self._tokens, self._cost_micros = tokens, cost_micros
+        self._redraw()
+
+    def finish(self) -> None:
+        self._out.write("\r\033[K" if not self._mid_text else "\n")
+        self._out.flush()
+
+    def _redraw(self) -> None:
+        if self._mid_text:
+            self._out.write("\n")
+            self._mid_text = False
+        elapsed = time.monotonic() - self._started
+        self._out.write(
+            f"\r\033[K[{elapsed:5.1f}s] {self._status} · {self._tokens} tokens · "
+            f"{format_usd(self._cost_micros, 4)} usd"
+        )
+        self._out.flush()
