@@ -1,0 +1,521 @@
+"""The register (SPEC §2): a hash-chained, append-only, fsynced audit log.
+
+Real files in tmp_path; real processes for the concurrency proof.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import itertools
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from bothy.engine.audit import GENESIS_HASH, AuditLog, AuditRecord, Fault
+from bothy.errors import AuditIntegrityError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+FIXED_TS = datetime(2026, 9, 24, 10, 14, 2, 118734, tzinfo=UTC)
+
+
+def _fixed_clock() -> datetime:
+    return FIXED_TS
+
+
+class _SteppingClock:
+    """A clock that advances one second per reading, from FIXED_TS."""
+
+    def __init__(self) -> None:
+        self.readings = 0
+
+    def __call__(self) -> datetime:
+        self.readings += 1
+        return FIXED_TS + timedelta(seconds=self.readings - 1)
+
+
+def _log_with(tmp_path: Path, count: int) -> AuditLog:
+    log = AuditLog(tmp_path / "state" / "audit.jsonl", clock=_SteppingClock())
+    for n in range(1, count + 1):
+        log.append("run", "admitted", "ok", subject=f"pr:{n}", details={"n": n})
+    return log
+
+
+def _read_lines(log: AuditLog) -> list[bytes]:
+    return log.path.read_bytes().splitlines(keepends=True)
+
+
+def _write_lines(log: AuditLog, lines: list[bytes]) -> None:
+    log.path.write_bytes(b"".join(lines))
+
+
+# -- the chain -----------------------------------------------------------------------------
+
+
+def test_appended_records_form_a_chain_that_verifies(tmp_path: Path) -> None:
+    """Records are numbered from 1, each linked to the previous hash, and the chain verifies."""
+    log = _log_with(tmp_path, 5)
+
+    records = list(log.records())
+
+    assert [r.seq for r in records] == [1, 2, 3, 4, 5]
+    assert records[0].prev == GENESIS_HASH
+    assert all(later.prev == earlier.hash for earlier, later in itertools.pairwise(records))
+    report = log.verify()
+    assert report.ok and report.count == 5
+    assert (report.first_bad_seq, report.line_no, report.problem, report.fault) == (
+        None,
+        None,
+        "",
+        None,
+    )
+    assert report.describe() == "audit chain intact (5 records verified)"
+
+
+def test_append_returns_the_record_as_written(tmp_path: Path) -> None:
+    """What append returns is exactly what a reader later finds on disk."""
+    log = AuditLog(tmp_path / "audit.jsonl", clock=_fixed_clock)
+
+    written = log.append("run", "refused", "refused", subject="pr:7", details={"gate": "budget"})
+
+    assert list(log.records()) == [written]
+
+
+def test_line_on_disk_is_the_canonical_body_with_its_hash(tmp_path: Path) -> None:
+    """A line is compact ASCII JSON in fixed field order; hash = sha256 of the line minus hash."""
+    log = AuditLog(tmp_path / "audit.jsonl", clock=_fixed_clock)
+
+    record = log.append(
+        "run", "settled", "ok", subject="pr:42", details={"z": 1, "a": {"y": "é", "b": 2}}
+    )
+
+    body = (
+        '{"seq":1,"ts":"2026-09-24T10:14:02.118734+00:00","kind":"run","event":"settled",'
+        '"outcome":"ok","subject":"pr:42","run_id":null,'
+        '"details":{"a":{"b":2,"y":"\\u00e9"},"z":1},'
+        f'"prev":"{GENESIS_HASH}"}}'
+    )
+    digest = hashlib.sha256(body.encode("ascii")).hexdigest()
+    assert log.path.read_text() == body[:-1] + f',"hash":"{digest}"}}\n'
+    assert record.hash == digest
+    assert record.to_json() == log.path.read_text().rstrip("\n")
+
+
+def test_human_line_matches_the_spec_format(tmp_path: Path) -> None:
+    """The human form is seq (4-digit), ts, kind, event, outcome, subject or -, run or -."""
+    log = AuditLog(tmp_path / "audit.jsonl", clock=_fixed_clock)
+
+    record = log.append("wake", "received", "ok", subject="pr:42")
+
+    assert record.human_line() == "0001 2026-09-24T10:14:02.118734+00:00 wake received ok pr:42 -"
+    spec_example = AuditRecord(
+        seq=417,
+        ts=datetime(2026, 9, 24, 10, 14, 2, 391650, tzinfo=UTC),
+        kind="run",
+        event="admitted",
+        outcome="ok",
+        subject="pr:42",
+        run_id="run_20260924T101402Z_8d41e7b2",
+        details={},
+        prev=GENESIS_HASH,
+        hash=GENESIS_HASH,
+    )
+    assert spec_example.human_line() == (
+        "0417 2026-09-24T10:14:02.391650+00:00 run admitted ok pr:42 run_20260924T101402Z_8d41e7b2"
+    )
+
+
+def test_human_line_widens_past_four_digits_and_dashes_empty_fields() -> None:
+    """Seq 12345 prints whole; no subject and no run print as '-'."""
+    record = AuditRecord(
+        seq=12345,
+        ts=FIXED_TS,
+        kind="alert",
+        event="sent",
+        outcome="ok",
+        subject=None,
+        run_id=None,
+        details={},
+        prev=GENESIS_HASH,
+        hash=GENESIS_HASH,
+    )
+
+    assert record.human_line() == "12345 2026-09-24T10:14:02.118734+00:00 alert sent ok - -"
+
+
+def test_timestamps_are_utc_with_microseconds(tmp_path: Path) -> None:
+    """A clock reading in another zone is stored in UTC, with microseconds even when zero."""
+    paris = datetime(2026, 9, 24, 12, 14, 2, tzinfo=timezone(timedelta(hours=2)))
+    log = AuditLog(tmp_path / "audit.jsonl", clock=lambda: paris)
+
+    record = log.append("wake", "received", "ok")
+
+    assert " 2026-09-24T10:14:02.000000+00:00 " in record.human_line()
+
+
+# -- damage, named -------------------------------------------------------------------------
+
+
+def test_edited_details_are_named_as_altered(tmp_path: Path) -> None:
+    """Changing a figure in record 3 makes verify name record 0003 as altered."""
+    log = _log_with(tmp_path, 5)
+    lines = _read_lines(log)
+    lines[2] = lines[2].replace(b'"details":{"n":3}', b'"details":{"n":30}')
+    _write_lines(log, lines)
+
+    report = log.verify()
+
+    assert not report.ok
+    assert (report.fault, report.first_bad_seq, report.line_no, report.count) == (
+        Fault.ALTERED,
+        3,
+        3,
+        2,
+    )
+    assert report.problem == (
+        "record 0003 was altered: its hash does not match its content (line 3)"
+    )
+
+
+def test_deleted_middle_record_is_named_as_missing(tmp_path: Path) -> None:
+    """Deleting line 3 makes verify say record 0003 is missing between 0002 and 0004."""
+    log = _log_with(tmp_path, 5)
+    lines = _read_lines(log)
+    del lines[2]
+    _write_lines(log, lines)
+
+    report = log.verify()
+
+    assert (report.ok, report.fault, report.first_bad_seq, report.line_no) == (
+        False,
+        Fault.MISSING,
+        3,
+        3,
+    )
+    assert report.problem == "record 0003 is missing: 0002 is followed by 0004"
+
+
+def test_several_deleted_records_are_named_as_a_range(tmp_path: Path) -> None:
+    """Deleting records 2–4 names the whole gap."""
+    log = _log_with(tmp_path, 5)
+    lines = _read_lines(log)
+    del lines[1:4]
+    _write_lines(log, lines)
+
+    report = log.verify()
+
+    assert report.fault is Fault.MISSING
+    assert report.problem == "records 0002–0004 are missing: 0001 is followed by 0005"
+
+
+def test_deleted_first_record_is_named_as_missing(tmp_path: Path) -> None:
+    """A log that starts at 0002 is missing 0001."""
+    log = _log_with(tmp_path, 3)
+    _write_lines(log, _read_lines(log)[1:])
+
+    report = log.verify()
+
+    assert (report.fault, report.first_bad_seq, report.line_no) == (Fault.MISSING, 1, 1)
+    assert report.problem == "record 0001 is missing: the log starts at 0002"
+
+
+def test_swapped_records_are_named_as_reordered(tmp_path: Path) -> None:
+    """Swapping lines 3 and 4 is reported as reordering, naming both records and lines."""
+    log = _log_with(tmp_path, 5)
+    lines = _read_lines(log)
+    lines[2], lines[3] = lines[3], lines[2]
+    _write_lines(log, lines)
+
+    report = log.verify()
+
+    assert (report.ok, report.fault, report.first_bad_seq, report.line_no, report.count) == (
+        False,
+        Fault.REORDERED,
+        4,
+        3,
+        2,
+    )
+    assert report.problem == (
+        "record 0004 is out of order at line 3: 0003 belongs there and appears later, at line 4"
+    )
+
+
+def test_duplicated_record_is_named_as_out_of_order(tmp_path: Path) -> None:
+    """A record copied after a later one is a step backwards in seq."""
+    log = _log_with(tmp_path, 4)
+    lines = _read_lines(log)
+    lines.insert(3, lines[1])
+    _write_lines(log, lines)
+
+    report = log.verify()
+
+    assert (report.fault, report.first_bad_seq, report.line_no) == (Fault.REORDERED, 2, 4)
+    assert report.problem == "record 0002 is out of order at line 4: it follows 0003"
+
+
+def test_rehashed_record_breaks_the_link_to_the_next(tmp_path: Path) -> None:
+    """Rewriting record 2 with a fresh hash is caught at 0003, whose prev commits to the old one."""
+    log = _log_with(tmp_path, 4)
+    lines = _read_lines(log)
+    fields = json.loads(lines[1])
+    fields["details"] = {"n": 200}
+    del fields["hash"]
+    body = json.dumps(fields, separators=(",", ":")).encode()
+    forged = body[:-1] + f',"hash":"{hashlib.sha256(body).hexdigest()}"}}\n'.encode()
+    lines[1] = forged
+    _write_lines(log, lines)
+
+    report = log.verify()
+
+    assert (report.fault, report.first_bad_seq, report.line_no, report.count) == (
+        Fault.REORDERED,
+        3,
+        3,
+        2,
+    )
+    assert "record 0003 does not follow 0002 (line 3)" in report.problem
+
+
+def test_truncated_last_line_is_named_and_append_refuses(tmp_path: Path) -> None:
+    """A last record cut mid-write is named as truncated, and no record is chained onto it."""
+    log = _log_with(tmp_path, 3)
+    damaged = log.path.read_bytes()[:-40]
+    log.path.write_bytes(damaged)
+
+    report = log.verify()
+
+    assert (report.ok, report.fault, report.first_bad_seq, report.line_no, report.count) == (
+        False,
+        Fault.TRUNCATED,
+        3,
+        3,
+        2,
+    )
+    assert report.problem == (
+        "line 3 is truncated: record 0003 was cut off mid-write (no end of line)"
+    )
+    with pytest.raises(AuditIntegrityError, match="last record is truncated"):
+        log.append("wake", "received", "ok")
+    with pytest.raises(AuditIntegrityError, match="last record is truncated"):
+        AuditLog(log.path).append("wake", "received", "ok")
+    assert log.path.read_bytes() == damaged
+
+
+def test_append_refuses_after_an_altered_last_record(tmp_path: Path) -> None:
+    """A writer that finds the last record altered refuses to extend the chain."""
+    log = _log_with(tmp_path, 2)
+    damaged = log.path.read_bytes().replace(b'"n":2', b'"n":9')
+    log.path.write_bytes(damaged)
+
+    with pytest.raises(AuditIntegrityError, match="last record 0002 was altered") as refused:
+        log.append("wake", "received", "ok")
+
+    assert refused.value.seq == 2
+    assert log.path.read_bytes() == damaged
+
+
+def test_garbage_line_is_named_as_unparsable(tmp_path: Path) -> None:
+    """A line that is not a record is named with its line number and the seq expected there."""
+    log = _log_with(tmp_path, 3)
+    lines = _read_lines(log)
+    lines[1] = b'{"seq":2, "note": "hand-written"}\n'
+    _write_lines(log, lines)
+
+    report = log.verify()
+
+    assert (report.fault, report.first_bad_seq, report.line_no) == (Fault.UNPARSABLE, 2, 2)
+    assert report.problem == "line 2 is unparsable: it does not end with a hash field"
+    with pytest.raises(AuditIntegrityError, match="line 2 is unparsable"):
+        list(log.records())
+
+
+def test_absent_or_empty_log_verifies_with_no_records(tmp_path: Path) -> None:
+    """No file, or an empty one, is an intact chain of zero records."""
+    log = AuditLog(tmp_path / "never-written.jsonl")
+    assert log.verify().ok and log.verify().count == 0
+    assert list(log.records()) == []
+
+    log.path.touch()
+    assert log.verify().ok and log.verify().count == 0
+
+
+# -- writers -------------------------------------------------------------------------------
+
+_WRITER = """
+import sys
+from pathlib import Path
+from bothy.engine.audit import AuditLog
+
+log = AuditLog(Path(sys.argv[1]))
+name, count = sys.argv[2], int(sys.argv[3])
+print("ready", flush=True)
+sys.stdin.readline()
+for i in range(count):
+    log.append("test", "written", "ok", subject=f"writer:{name}", details={"i": i})
+"""
+
+
+def test_concurrent_writer_processes_keep_one_chain(tmp_path: Path) -> None:
+    """Four processes appending at once leave one intact chain, seq 1..4N, nothing lost."""
+    path, per_writer = tmp_path / "state" / "audit.jsonl", 40
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(path), str(n), str(per_writer)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        for n in range(4)
+    ]
+    try:
+        for writer in writers:  # all imported and waiting: then release them together
+            assert writer.stdout is not None and writer.stdout.readline() == b"ready\n"
+        for writer in writers:
+            assert writer.stdin is not None
+            writer.stdin.write(b"go\n")
+            writer.stdin.close()
+        assert [writer.wait(timeout=30) for writer in writers] == [0, 0, 0, 0]
+    finally:
+        for writer in writers:
+            if writer.poll() is None:
+                writer.kill()
+                writer.wait()
+            if writer.stdout is not None:
+                writer.stdout.close()
+
+    log = AuditLog(path)
+    report = log.verify()
+    assert report.ok, report.problem
+    records = list(log.records())
+    assert [r.seq for r in records] == list(range(1, 4 * per_writer + 1))
+    assert Counter(r.subject for r in records) == {f"writer:{n}": per_writer for n in range(4)}
+    for n in range(4):
+        mine = [r.details["i"] for r in records if r.subject == f"writer:{n}"]
+        assert mine == list(range(per_writer))
+
+
+def test_two_logs_on_one_file_keep_one_chain(tmp_path: Path) -> None:
+    """A writer's cached tail is re-checked, so interleaved writers never fork the chain."""
+    path = tmp_path / "audit.jsonl"
+    first, second = AuditLog(path), AuditLog(path)
+
+    for n in range(3):
+        first.append("wake", "received", "ok", details={"n": n})
+        second.append("wake", "received", "ok", details={"n": n})
+
+    assert [r.seq for r in first.records()] == [1, 2, 3, 4, 5, 6]
+    assert first.verify().ok
+
+
+def test_verify_waits_for_an_append_in_progress(tmp_path: Path) -> None:
+    """A half-written record held under the writers' lock is not reported as truncated."""
+    source = _log_with(tmp_path / "source", 3)
+    lines = _read_lines(source)
+    log = AuditLog(tmp_path / "audit.jsonl")
+    log.path.write_bytes(b"".join(lines[:2]))
+    lock_fd = os.open(f"{log.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        with log.path.open("ab") as f:
+            f.write(lines[2][:50])
+            f.flush()
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                verdict = pool.submit(log.verify)
+                f.write(lines[2][50:])
+                f.flush()
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)
+                report = verdict.result(timeout=10)
+    finally:
+        os.close(lock_fd)
+
+    assert report.ok and report.count == 3
+
+
+async def test_record_appends_from_a_coroutine(tmp_path: Path) -> None:
+    """The async form writes the same record without blocking the event loop."""
+    log = AuditLog(tmp_path / "audit.jsonl", clock=_fixed_clock)
+
+    record = await log.record("question", "asked", "pending", subject="pr:42", run_id="run_x")
+
+    assert record.human_line() == (
+        "0001 2026-09-24T10:14:02.118734+00:00 question asked pending pr:42 run_x"
+    )
+    assert list(log.records()) == [record]
+
+
+def test_files_are_private(tmp_path: Path) -> None:
+    """The log and its lock are created 0600, in a directory created 0700."""
+    log = AuditLog(tmp_path / "home" / "state" / "audit.jsonl")
+
+    log.append("wake", "received", "ok")
+
+    assert stat.S_IMODE(log.path.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "home" / "state" / "audit.jsonl.lock").stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "home" / "state").stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "home").stat().st_mode) == 0o700
+
+
+# -- input ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("kind", ""),
+        ("kind", "two words"),
+        ("event", "line\nbreak"),
+        ("outcome", "tab\there"),
+        ("subject", "pr 42"),
+        ("run_id", "\x1b[31mred"),
+    ],
+)
+def test_malformed_token_is_a_value_error(tmp_path: Path, field: str, value: str) -> None:
+    """kind, event, outcome, subject and run id must be single printable tokens."""
+    log = AuditLog(tmp_path / "audit.jsonl")
+    tokens = {"kind": "wake", "event": "received", "outcome": "ok", field: value}
+    subject, run_id = tokens.pop("subject", None), tokens.pop("run_id", None)
+
+    with pytest.raises(ValueError, match=f"audit {field} must be a non-empty single token"):
+        log.append(
+            tokens["kind"], tokens["event"], tokens["outcome"], subject=subject, run_id=run_id
+        )
+    assert not log.path.exists()
+
+
+@pytest.mark.parametrize("details", [{"when": datetime.now(UTC)}, {"ratio": float("nan")}])
+def test_details_must_be_json(tmp_path: Path, details: dict[str, object]) -> None:
+    """Details that JSON cannot carry exactly are refused before anything is written."""
+    log = AuditLog(tmp_path / "audit.jsonl")
+
+    with pytest.raises(ValueError, match="audit details must be JSON-serialisable"):
+        log.append("wake", "received", "ok", details=details)
+    assert not log.path.exists()
+
+
+# -- reading -------------------------------------------------------------------------------
+
+
+def test_records_filter_by_run_and_since(tmp_path: Path) -> None:
+    """records(run_id=...) keeps one run's lines; records(since=...) those stamped at or after."""
+    log = AuditLog(tmp_path / "audit.jsonl", clock=_SteppingClock())
+    log.append("wake", "received", "ok", subject="pr:1")
+    log.append("run", "admitted", "ok", subject="pr:1", run_id="run_a")
+    log.append("run", "admitted", "ok", subject="pr:2", run_id="run_b")
+    log.append("run", "settled", "ok", subject="pr:1", run_id="run_a")
+
+    assert [r.seq for r in log.records(run_id="run_a")] == [2, 4]
+    assert [r.seq for r in log.records(since=FIXED_TS + timedelta(seconds=2))] == [3, 4]
+    assert [r.seq for r in log.records(run_id="run_a", since=FIXED_TS + timedelta(seconds=2))] == [
+        4
+    ]
+    with pytest.raises(ValueError, match="aware"):
+        list(log.records(since=datetime(2026, 1, 1)))
