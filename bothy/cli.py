@@ -243,12 +243,9 @@ async def _cmd_audit(args: argparse.Namespace) -> int:
         print(f"audit chain broken: {report.problem}")
         return ExitCode.FAILED
     since = _since(args.since) if args.since else None
-    for record in await asyncio.to_thread(lambda: list(log.records())):
-        if args.run_id and record.run_id != args.run_id:
-            continue
-        if since and record.ts < since:
-            continue
-        print(json.dumps(record.to_json()) if args.json else record.human_line())
+    records = await asyncio.to_thread(lambda: list(log.records(run_id=args.run_id, since=since)))
+    for record in records:
+        print(record.to_json() if args.json else record.human_line())
     return ExitCode.OK
 
 
