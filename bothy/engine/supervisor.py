@@ -301,7 +301,12 @@ class Supervisor:
             if isinstance(item, ServerRequest):
                 await self._decline(turn, item, worker)
                 continue
-            ended = await self._notice(turn, item, request, progress, inbox)
+            ended = await self._notice(turn, item, request, progress)
+            if isinstance(ended, _Stop):
+                # A limit crossed is acted on at once, ahead of anything queued behind it
+                # (a turn/completed in the same burst must not hide the overrun).
+                await worker.interrupt(turn.thread_id, turn.turn_id)
+                return ended.outcome, ended.reason, turn.text
             if ended is not None:
                 return ended
 
@@ -311,8 +316,7 @@ class Supervisor:
         note: Notification,
         request: RunRequest,
         progress: Progress,
-        inbox: asyncio.Queue[Any],
-    ) -> tuple[str, str | None, str] | None:
+    ) -> tuple[str, str | None, str] | _Stop | None:
         params = note.params
         if note.method == "item/agentMessage/delta":
             progress.text(str(params.get("delta", "")))
@@ -321,7 +325,7 @@ class Supervisor:
             if item.get("type") == "agentMessage":
                 turn.text = str(item.get("text", ""))
         elif note.method == "thread/tokenUsage/updated":
-            await self._measure(turn, params, request, progress, inbox)
+            return await self._measure(turn, params, request, progress)
         elif note.method == "error":
             error = params.get("error") or {}
             if not params.get("willRetry"):
@@ -336,28 +340,28 @@ class Supervisor:
         params: dict[str, Any],
         request: RunRequest,
         progress: Progress,
-        inbox: asyncio.Queue[Any],
-    ) -> None:
+    ) -> _Stop | None:
+        """Fill the reservation with what was measured; say which limit, if any, is crossed."""
         try:
             usage = TokenUsage.from_codex((params.get("tokenUsage") or {}).get("total") or {})
         except ValueError as exc:
             turn.notes.append(f"ignored a malformed token usage report: {exc}")
-            return
+            return None
         turn.tokens = usage.total_tokens
         turn.cost_micros = self._prices.cost_micros(turn.price, usage)
         await self.budget.fill(turn.run_id, turn.cost_micros, turn.tokens)
         progress.usage(turn.tokens, turn.cost_micros)
-        if request.max_tokens is not None and usage.total_tokens >= request.max_tokens:
-            inbox.put_nowait(_Stop(
-                "token_limit",
-                f"used {usage.total_tokens} tokens, limit {request.max_tokens}",
-            ))
-        elif turn.cost_micros >= turn.reserved_micros:
-            inbox.put_nowait(_Stop(
+        if request.max_tokens is not None and usage.total_tokens > request.max_tokens:
+            return _Stop(
+                "token_limit", f"used {usage.total_tokens} tokens, limit {request.max_tokens}"
+            )
+        if turn.cost_micros >= turn.reserved_micros:
+            return _Stop(
                 "budget_limit",
                 f"spent {format_usd(turn.cost_micros, 4)} usd of its "
                 f"{format_usd(turn.reserved_micros, 4)} usd reservation",
-            ))
+            )
+        return None
 
     def _turn_end(self, turn: _Turn, params: dict[str, Any]) -> tuple[str, str | None, str] | None:
         completed = params.get("turn") or {}

@@ -348,6 +348,12 @@ class ModelServer:
         """Queue ``replies``; each POST consumes the oldest one."""
         self._script.extend(replies)
 
+    def discard_pending(self) -> int:
+        """Drop the replies nobody asked for (a run stopped early); return how many."""
+        dropped = len(self._script)
+        self._script.clear()
+        return dropped
+
     @property
     def pending(self) -> int:
         """How many scripted replies have not been consumed yet."""
