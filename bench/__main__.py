@@ -16,7 +16,8 @@ import bench
 
 def main() -> int:
     only = set(sys.argv[1:])
-    names = sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if m.name.startswith("bench_"))
+    modules = pkgutil.iter_modules(bench.__path__)
+    names = sorted(m.name for m in modules if m.name.startswith("bench_"))
     for name in names:
         if only and name not in only and name.removeprefix("bench_") not in only:
             continue

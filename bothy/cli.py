@@ -11,7 +11,7 @@ import asyncio
 import json
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -36,13 +36,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="bothy", description="A supervised Codex harness for unattended machines.")
+    parser = _Parser(
+        prog="bothy", description="A supervised Codex harness for unattended machines."
+    )
     parser.add_argument("--version", action="version", version=f"bothy {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = commands.add_parser("run", help="run one prompt through a supervised codex worker")
     run.add_argument("prompt", help="the prompt; '-' reads it from standard input")
-    run.add_argument("--subject", default="cli", help="the lane (runs in one lane go one at a time)")
+    run.add_argument(
+        "--subject", default="cli", help="the lane (runs in one lane go one at a time)"
+    )
     run.add_argument("--max-usd", help="reserve this much instead of budget.per_run_usd")
     run.add_argument("--max-tokens", type=int, help="stop the run past this many tokens")
     run.add_argument("--wall-clock", type=int, help="stop the run after this many seconds")
@@ -120,7 +124,8 @@ async def _cmd_run(args: argparse.Namespace) -> int:
         if hasattr(progress, "finish"):
             progress.finish()
     shown = result.answer if result.outcome == "completed" else (result.reason or "")
-    print(f"{result.outcome} {result.run_id} {format_usd(result.cost_micros, 4)} usd {shown}".rstrip())
+    cost = format_usd(result.cost_micros, 4)
+    print(f"{result.outcome} {result.run_id} {cost} usd {shown}".rstrip())
     return OUTCOME_EXIT.get(result.outcome, ExitCode.FAILED)
 
 
@@ -177,7 +182,7 @@ def _max_usd(value: str | None, cfg: Config) -> int:
         return per_run
     try:
         amount = usd_to_micros(Decimal(value))
-    except InvalidOperation:
+    except (InvalidOperation, ValueError, OverflowError):
         raise UsageError(f"--max-usd {value!r} is not an amount in usd, e.g. 0.25") from None
     if amount <= 0:
         raise UsageError(f"--max-usd must be more than 0, not {value}")
@@ -253,7 +258,9 @@ def _since(value: str) -> datetime:
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
-        raise UsageError(f"--since {value!r} is not an ISO-8601 time, e.g. 2026-09-24T10:00Z") from None
+        raise UsageError(
+            f"--since {value!r} is not an ISO-8601 time, e.g. 2026-09-24T10:00Z"
+        ) from None
     if moment.tzinfo is None:
         raise UsageError(f"--since {value!r} needs a time zone, e.g. 2026-09-24T10:00+00:00")
     return moment
@@ -270,7 +277,7 @@ async def _cmd_doctor(args: argparse.Namespace) -> int:
     return ExitCode.FAILED if report.failed else ExitCode.OK
 
 
-_COMMANDS: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
+_COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
     "run": _cmd_run,
     "status": _cmd_status,
     "cancel": _cmd_cancel,

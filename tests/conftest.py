@@ -26,13 +26,13 @@ def _is_loopback_or_local(address: Any) -> bool:
 
 def _guarded_connect(self: socket.socket, address: Any) -> None:
     if not _is_loopback_or_local(address):
-        raise ConnectionRefusedError(f"test guard: refusing to connect to {address!r} (not loopback)")
+        raise ConnectionRefusedError(f"test guard: refusing {address!r} (not loopback)")
     _real_connect(self, address)
 
 
 def _guarded_connect_ex(self: socket.socket, address: Any) -> int:
     if not _is_loopback_or_local(address):
-        raise ConnectionRefusedError(f"test guard: refusing to connect to {address!r} (not loopback)")
+        raise ConnectionRefusedError(f"test guard: refusing {address!r} (not loopback)")
     return _real_connect_ex(self, address)
 
 

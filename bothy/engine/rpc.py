@@ -173,7 +173,9 @@ def _decode(line: bytes) -> dict[str, Any]:
         message = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         preview = line[:80].decode(errors="replace")
-        raise RpcProtocolError(f"the app-server sent a frame that is not JSON: {preview!r}") from exc
+        raise RpcProtocolError(
+            f"the app-server sent a frame that is not JSON: {preview!r}"
+        ) from exc
     if not isinstance(message, dict):
         raise RpcProtocolError("the app-server sent a JSON frame that is not an object")
     return message

@@ -11,9 +11,10 @@ Times are integer microseconds since the epoch (UTC); money is integer micro-dol
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,7 +95,7 @@ class RunRow:
     final_text: str | None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> RunRow:
+    def from_row(cls, row: sqlite3.Row) -> RunRow:
         return cls(**{name: row[name] for name in cls.__dataclass_fields__})
 
 
@@ -141,7 +142,7 @@ class StateDB:
                 await self._db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
         except sqlite3.Error as exc:
             raise StateError(f"cannot prepare the state database {path}: {exc}") from exc
-        path.chmod(0o600)
+        await asyncio.to_thread(path.chmod, 0o600)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[StateDB]:
@@ -162,13 +163,13 @@ class StateDB:
         await cursor.close()
         return changed
 
-    async def fetch_all(self, sql: str, params: tuple[Any, ...] = ()) -> list[Mapping[str, Any]]:
+    async def fetch_all(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         async with self._db.execute(sql, params) as cursor:
             return list(await cursor.fetchall())
 
-    async def fetch_one(self, sql: str, params: tuple[Any, ...] = ()) -> Mapping[str, Any] | None:
+    async def fetch_one(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Row | None:
         async with self._db.execute(sql, params) as cursor:
-            row: Mapping[str, Any] | None = await cursor.fetchone()
+            row: sqlite3.Row | None = await cursor.fetchone()
             return row
 
     async def scalar(self, sql: str, params: tuple[Any, ...] = ()) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -151,14 +152,16 @@ class Supervisor:
             return await self._refused(run_id, request.subject, decision)
         await self._admitted(run_id, request.subject, decision)
         shown.admitted(run_id)
-        outcome, reason, text = "failed", "the run ended unexpectedly", ""
+        outcome, text = "failed", ""
+        reason: str | None = "the run ended unexpectedly"
         try:
             outcome, reason, text = await self._claim_and_work(run_id, request, decision, shown)
         except asyncio.CancelledError:
             outcome, reason = "cancelled", "bothy was stopped while the run worked"
             raise
         finally:
-            result = await asyncio.shield(self._settle(run_id, request.subject, outcome, reason, text))
+            settling = self._settle(run_id, request.subject, outcome, reason, text)
+            result = await asyncio.shield(settling)
         return result
 
     async def _refused(self, run_id: str, subject: str, refusal: Refused) -> RunResult:
@@ -329,7 +332,7 @@ class Supervisor:
         elif note.method == "error":
             error = params.get("error") or {}
             if not params.get("willRetry"):
-                turn.error = str(error.get("message", "unknown error"))
+                turn.error = _error_text(error)
         elif note.method == "turn/completed":
             return self._turn_end(turn, params)
         return None
@@ -371,7 +374,7 @@ class Supervisor:
         if status == "completed":
             return "completed", None, turn.text
         error = completed.get("error") or {}
-        message = error.get("message") if isinstance(error, dict) else None
+        message = _error_text(error) if isinstance(error, dict) and error.get("message") else None
         reason = message or turn.error or f"the turn ended with status {status!r}"
         return "failed", str(reason), turn.text
 
@@ -392,7 +395,9 @@ class Supervisor:
         self, run_id: str, subject: str, outcome: str, reason: str | None, text: str
     ) -> RunResult:
         kept = _truncate(text)
-        settlement = await self.budget.settle(run_id, outcome=outcome, reason=reason, final_text=kept)
+        settlement = await self.budget.settle(
+            run_id, outcome=outcome, reason=reason, final_text=kept
+        )
         await self._audit.record(
             "budget", "settled", "ok", subject=subject, run_id=run_id,
             details={"cost_usd": format_usd(settlement.cost_micros, 6),
@@ -434,6 +439,16 @@ def _declination(request: ServerRequest) -> tuple[dict[str, Any] | None, str]:
             return {"decision": "denied"}, request.method
         case _:
             return None, f"unsupported request {request.method!r}"
+
+
+def _error_text(error: dict[str, Any]) -> str:
+    """Codex's message and its error code (an HTTP 500 reads "high demand" without the code)."""
+    message = str(error.get("message") or "unknown error")
+    info = error.get("codexErrorInfo")
+    if not info:
+        return message
+    code = info if isinstance(info, str) else json.dumps(info, separators=(",", ":"))
+    return f"{message} (codex error: {code})"
 
 
 def _truncate(text: str) -> str:

@@ -93,7 +93,9 @@ class Worker:
         result = await self._call("thread/start", params)
         thread = result.get("thread") if isinstance(result, dict) else None
         if not isinstance(thread, dict) or not isinstance(thread.get("id"), str):
-            raise AppServerError("'thread/start' answered without a thread id", method="thread/start")
+            raise AppServerError(
+                "'thread/start' answered without a thread id", method="thread/start"
+            )
         return ThreadInfo(thread["id"], str(thread.get("model") or model or "unknown"))
 
     async def start_turn(self, thread_id: str, text: str) -> str:
