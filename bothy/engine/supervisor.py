@@ -254,6 +254,7 @@ class Supervisor:
             )
             return "refused", refusal.sentence(), ""
         turn_id = await worker.start_turn(thread.thread_id, request.prompt)
+        await self._turn_started(run_id, request.subject, thread.model, turn_id, worker)
         turn = _Turn(run_id, request.subject, thread.thread_id, turn_id, price,
                      admitted.reserved_micros)
         watcher = asyncio.create_task(self._watch(run_id, inbox))
@@ -263,6 +264,23 @@ class Supervisor:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+
+    async def _turn_started(
+        self, run_id: str, subject: str, model: str, turn_id: str, worker: Worker
+    ) -> None:
+        marks = worker.marks
+        await self._audit.record(
+            "turn", "started", "ok", subject=subject, run_id=run_id,
+            details={
+                "model": model,
+                "turn_id": turn_id,
+                # The app-server's own start-up, from spawn to its initialize answer.
+                "initialize_ms": round((marks["initialized"] - marks["spawn"]) * 1000, 3),
+                # From spawn to turn/start sent, and when that was (unix seconds).
+                "to_turn_start_ms": round((marks["turn_start_sent"] - marks["spawn"]) * 1000, 3),
+                "turn_start_sent_unix": marks["turn_start_sent_unix"],
+            },
+        )
 
     async def _watch(self, run_id: str, inbox: asyncio.Queue[Any]) -> None:
         """Poll for `bothy cancel` from other shells; keep the reservation alive."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ class Worker:
         self._rpc: RpcConnection | None = None
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
         self._stderr_task: asyncio.Task[None] | None = None
+        # Monotonic marks of the protocol's first steps, for the trace and the benchmarks.
+        self.marks: dict[str, float] = {}
 
     @property
     def record(self) -> GroupRecord:
@@ -50,6 +53,7 @@ class Worker:
 
     async def start(self) -> GroupRecord:
         """Spawn the app-server in a new session (its own process group)."""
+        self.marks["spawn"] = time.monotonic()
         self._group = await ProcessGroup.spawn(
             self._launch.argv,
             env=self._launch.env,
@@ -76,6 +80,7 @@ class Worker:
             },
             timeout_s=_INIT_TIMEOUT_S,
         )
+        self.marks["initialized"] = time.monotonic()
         await self._connection().notify("initialized")
         return result if isinstance(result, dict) else {}
 
@@ -99,9 +104,12 @@ class Worker:
         return ThreadInfo(thread["id"], str(thread.get("model") or model or "unknown"))
 
     async def start_turn(self, thread_id: str, text: str) -> str:
+        self.marks["turn_start_sent"] = time.monotonic()
+        self.marks["turn_start_sent_unix"] = time.time()
         result = await self._call(
             "turn/start", {"threadId": thread_id, "input": [{"type": "text", "text": text}]}
         )
+        self.marks["turn_started"] = time.monotonic()
         turn = result.get("turn") if isinstance(result, dict) else None
         if not isinstance(turn, dict) or not isinstance(turn.get("id"), str):
             raise AppServerError("'turn/start' answered without a turn id", method="turn/start")

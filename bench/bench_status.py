@@ -1,0 +1,40 @@
+"""`bothy status` cold start: median wall time, and its ratio to a bare `python3 -c pass`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from bench._util import REPO, figure, median, scratch
+
+RUNS = 15
+
+
+def _time(argv: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    root = scratch("status-")
+    (root / "work").mkdir()
+    (root / "state").mkdir(mode=0o700)  # a site that has run before; status never creates it
+    (root / "config.json").write_text(json.dumps({
+        "site": "bench", "workspace": str(root / "work"), "pool": {"max_workers": 2},
+        "budget": {"mode": "api", "per_run_usd": 0.5, "per_day_usd": 25.0},
+    }))
+    env = {**os.environ, "BOTHY_HOME": str(root)}
+    bothy = [str(REPO / ".venv" / "bin" / "bothy"), "status"]
+    bare = [sys.executable, "-c", "pass"]
+    _time(bothy, env)  # warm the page cache and write the .pyc files once
+    status_s = median([_time(bothy, env) for _ in range(RUNS)])
+    bare_s = median([_time(bare, env) for _ in range(RUNS)])
+    figure("bothy status cold start (median)", status_s * 1000, "ms", 150, higher_is_better=False)
+    print(f"   bare python3 -c pass: {bare_s * 1000:.1f} ms; bothy status is"
+          f" {status_s / bare_s:.1f}× that ({(status_s - bare_s) * 1000:.1f} ms of its own)")
+    shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,204 @@
+"""What each ``bothy`` command does. Returns exit codes; ``bothy.cli`` parses and exits.
+
+Heavy imports (the engine, pydantic models) happen inside the command that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any
+
+from bothy.errors import ConfigError, UsageError
+from bothy.exitcodes import OUTCOME_EXIT, ExitCode
+
+if TYPE_CHECKING:
+    from bothy.config import Config
+    from bothy.home import BothyHome
+    from bothy.runtime import Runtime
+
+
+def _load() -> tuple[BothyHome, Config]:
+    from bothy.config import load_config
+    from bothy.home import BothyHome
+
+    home = BothyHome.from_env()
+    return home, load_config(home.config_path)
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    from bothy.engine.supervisor import RunRequest, workspace_problem
+    from bothy.money import format_usd
+    from bothy.runtime import Runtime
+
+    home, cfg = _load()
+    request = RunRequest(
+        prompt=_read_prompt(args.prompt),
+        subject=_subject(args.subject),
+        source="cli",
+        max_usd_micros=_max_usd(args.max_usd, cfg),
+        wall_clock_s=_positive(args.wall_clock, "--wall-clock") or cfg.limits.wall_clock_s,
+        max_tokens=_positive(args.max_tokens, "--max-tokens") or cfg.limits.max_tokens,
+    )
+    if problem := workspace_problem(cfg.workspace):
+        raise ConfigError(f"{problem} (config key 'workspace' in {home.config_path})",
+                          path=home.config_path, key="workspace")
+    async with Runtime.open(home, cfg) as rt:
+        supervisor = rt.supervisor()
+        await supervisor.recovery.sweep()
+        progress = _progress()
+        result = await _until_signal(
+            lambda: supervisor.execute(request, progress), supervisor.stopping
+        )
+        if hasattr(progress, "finish"):
+            progress.finish()
+    shown = result.answer if result.outcome == "completed" else (result.reason or "")
+    cost = format_usd(result.cost_micros, 4)
+    print(f"{result.outcome} {result.run_id} {cost} usd {shown}".rstrip())
+    return OUTCOME_EXIT.get(result.outcome, ExitCode.FAILED)
+
+
+async def _until_signal(work: Callable[[], Awaitable[Any]], stopping: asyncio.Event) -> Any:
+    """Run ``work``. A first SIGINT/SIGTERM only records the wish (``stopping``): the run
+    stops itself, settles and reaps its group. A second one skips the waits."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work())
+
+    def on_signal() -> None:
+        if stopping.is_set():
+            task.cancel("a second stop signal")
+        stopping.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal)
+    try:
+        return await task
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+
+
+def _progress() -> Any:
+    from bothy.progress import PlainProgress, TerminalProgress
+
+    return TerminalProgress() if sys.stderr.isatty() else PlainProgress()
+
+
+def _read_prompt(prompt: str) -> str:
+    text = sys.stdin.read() if prompt == "-" else prompt
+    if not text.strip():
+        raise UsageError("the prompt is empty: give the text to run, or '-' to read stdin")
+    return text
+
+
+def _subject(subject: str) -> str:
+    if not subject or any(ch.isspace() for ch in subject) or len(subject) > 200:
+        raise UsageError(f"--subject {subject!r} must be one word (no spaces), e.g. pr:42")
+    return subject
+
+
+def _positive(value: int | None, flag: str) -> int | None:
+    if value is not None and value <= 0:
+        raise UsageError(f"{flag} must be a positive number, not {value}")
+    return value
+
+
+def _max_usd(value: str | None, cfg: Config) -> int:
+    from bothy.money import usd_to_micros
+
+    per_run = usd_to_micros(cfg.budget.per_run_usd)
+    if value is None:
+        return per_run
+    try:
+        amount = usd_to_micros(Decimal(value))
+    except (InvalidOperation, ValueError, OverflowError):
+        raise UsageError(f"--max-usd {value!r} is not an amount in usd, e.g. 0.25") from None
+    if amount <= 0:
+        raise UsageError(f"--max-usd must be more than 0, not {value}")
+    if amount > per_run:
+        raise UsageError(
+            f"--max-usd {value} is more than budget.per_run_usd ({cfg.budget.per_run_usd}):"
+            " a run may reserve less than the per-run limit, never more"
+        )
+    return amount
+
+
+async def cmd_cancel(args: argparse.Namespace) -> int:
+    from bothy.runtime import Runtime
+
+    home, cfg = _load()
+    async with Runtime.open(home, cfg) as rt:
+        return await _cancel(rt, args.run_id)
+
+
+async def _cancel(rt: Runtime, run_id: str) -> int:
+    from bothy.engine.pool import WorkerPool
+
+    row = await rt.db.run(run_id)
+    if row is None:
+        raise UsageError(f"no run {run_id!r} in this site's state (see `bothy status`)")
+    if row.status == "finished":
+        print(f"{run_id} already finished: {row.outcome}")
+        return ExitCode.FAILED
+    await WorkerPool(rt.db, rt.cfg.pool, clock=rt.clock).request_cancel(run_id)
+    await rt.audit.record("run", "cancel-requested", "ok", subject=row.subject, run_id=run_id)
+    await rt.recovery().sweep()  # an orphan has nobody to hear the request: end it here
+    deadline = asyncio.get_running_loop().time() + rt.cfg.limits.stop_grace_s + 15
+    while asyncio.get_running_loop().time() < deadline:
+        current = await rt.db.run(run_id)
+        if current is not None and current.status == "finished":
+            print(f"{current.outcome} {run_id}")
+            return ExitCode.OK
+        await asyncio.sleep(0.1)
+    print(f"cancel requested for {run_id}; it has not finished yet (see `bothy status`)")
+    return ExitCode.TEMPFAIL
+
+
+async def cmd_audit(args: argparse.Namespace) -> int:
+    from bothy.engine.audit import AuditLog
+    from bothy.home import BothyHome
+
+    home = BothyHome.from_env()
+    log = AuditLog(home.audit_path)
+    if args.action == "verify":
+        report = await asyncio.to_thread(log.verify)
+        if report.ok:
+            print(f"audit chain intact: {report.count} records verified")
+            return ExitCode.OK
+        print(f"audit chain broken: {report.problem}")
+        return ExitCode.FAILED
+    since = _since(args.since) if args.since else None
+    records = await asyncio.to_thread(lambda: list(log.records(run_id=args.run_id, since=since)))
+    for record in records:
+        print(record.to_json() if args.json else record.human_line())
+    return ExitCode.OK
+
+
+def _since(value: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise UsageError(
+            f"--since {value!r} is not an ISO-8601 time, e.g. 2026-09-24T10:00Z"
+        ) from None
+    if moment.tzinfo is None:
+        raise UsageError(f"--since {value!r} needs a time zone, e.g. 2026-09-24T10:00+00:00")
+    return moment
+
+
+async def cmd_doctor(args: argparse.Namespace) -> int:
+    from bothy.doctor import run_doctor
+
+    report = await run_doctor()
+    for line in report.lines():
+        print(line)
+    if report.config_error:
+        return ExitCode.CONFIG
+    return ExitCode.FAILED if report.failed else ExitCode.OK
+
+
