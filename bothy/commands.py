@@ -42,8 +42,10 @@ async def cmd_run(args: argparse.Namespace) -> int:
         subject=_subject(args.subject),
         source="cli",
         max_usd_micros=_max_usd(args.max_usd, cfg),
-        wall_clock_s=_positive(args.wall_clock, "--wall-clock") or cfg.limits.wall_clock_s,
-        max_tokens=_positive(args.max_tokens, "--max-tokens") or cfg.limits.max_tokens,
+        wall_clock_s=_tighter(args.wall_clock, "--wall-clock", cfg.limits.wall_clock_s,
+                              "limits.wall_clock_s"),
+        max_tokens=_tighter(args.max_tokens, "--max-tokens", cfg.limits.max_tokens,
+                            "limits.max_tokens"),
     )
     if problem := workspace_problem(cfg.workspace):
         raise ConfigError(f"{problem} (config key 'workspace' in {home.config_path})",
@@ -102,9 +104,17 @@ def _subject(subject: str) -> str:
     return subject
 
 
-def _positive(value: int | None, flag: str) -> int | None:
-    if value is not None and value <= 0:
+def _tighter(value: int | None, flag: str, configured: int | None, key: str) -> Any:
+    """A flag may tighten a configured limit, never loosen it."""
+    if value is None:
+        return configured
+    if value <= 0:
         raise UsageError(f"{flag} must be a positive number, not {value}")
+    if configured is not None and value > configured:
+        raise UsageError(
+            f"{flag} {value} is above the configured {key} ({configured}): a flag may tighten"
+            " a limit, not loosen it"
+        )
     return value
 
 

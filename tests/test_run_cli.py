@@ -376,6 +376,9 @@ async def test_bothys_own_secrets_never_reach_the_worker(site: Site, server: Mod
         (["hello", "--wall-clock", "0"], "--wall-clock must be a positive number, not 0"),
         (["hello", "--max-tokens", "-5"], "--max-tokens must be a positive number, not -5"),
         (["hello", "--wall-clock", "soon"], "--wall-clock: invalid int value: 'soon'"),
+        (["hello", "--wall-clock", "61"],
+         "--wall-clock 61 is above the configured limits.wall_clock_s (60): a flag may tighten"
+         " a limit, not loosen it"),
     ],
 )
 async def test_bad_run_arguments_are_usage_errors(
