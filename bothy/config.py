@@ -14,10 +14,18 @@ import json
 import re
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from bothy.errors import ConfigError
 
@@ -106,6 +114,81 @@ class LimitsConfig(_Section):
     stop_grace_s: float = Field(default=5.0, gt=0, le=120)
 
 
+# Tools Bothy knows without an MCP server: Codex's own approval requests, and Bothy's tools.
+BUILTIN_TOOLS = frozenset({"shell", "apply_patch", "bothy_checklist"})
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?$")
+
+
+class McpServerConfig(_Section):
+    """One MCP server a profile grants: started by Bothy, inside the run's process group."""
+
+    command: str = Field(min_length=1)
+    args: list[str] = Field(default_factory=list)
+    env: list[str] = Field(default_factory=list)  # names passed through; no secret is inline
+    start_timeout_s: float = Field(default=20.0, gt=0, le=300)
+    call_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+
+
+class Guide(_Section):
+    """Refuse, and carry this reason back to the model."""
+
+    guide: str = Field(min_length=1)
+
+
+def _verdict_shape(value: object) -> object:
+    if value in ("proceed", "deny", "confirm") or isinstance(value, Guide):
+        return value
+    if isinstance(value, dict) and set(value) == {"guide"}:
+        return value
+    raise ValueError('expected "proceed", "deny", "confirm" or {"guide": "<reason for the model>"}')
+
+
+Verdict = Annotated[Literal["proceed", "deny", "confirm"] | Guide, BeforeValidator(_verdict_shape)]
+
+
+class ProfileConfig(_Section):
+    """What a task may use beyond Codex's sandboxed built-ins, tool by tool."""
+
+    sandbox: Literal["read-only", "workspace-write", "danger-full-access"] = "read-only"
+    mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+    skills: list[Path] = Field(default_factory=list)
+    tools: list[str] = Field(default_factory=list)
+    approvals: dict[str, Verdict] = Field(default_factory=dict)
+    ask: list[str] = Field(default_factory=list)
+    unless_approved_within: int = Field(default=0, ge=0, le=30 * 86400)
+    question_hold_seconds: int = Field(default=120, ge=0, le=86400)
+    allow_from_untrusted: bool = False
+
+    @model_validator(mode="after")
+    def _known_tools(self) -> ProfileConfig:
+        for where, names in (("tools", self.tools), ("approvals", list(self.approvals)),
+                             ("ask", self.ask)):
+            for name in names:
+                problem = _tool_problem(name, self.mcp_servers)
+                if problem:
+                    raise ValueError(f"{where}: {problem}")
+        for name in [*self.approvals, *self.ask]:
+            if name not in self.tools:
+                raise ValueError(
+                    f"'{name}' has a rule but is not granted: add it to tools, or remove the rule"
+                )
+        return self
+
+
+def _tool_problem(name: str, servers: dict[str, McpServerConfig]) -> str | None:
+    if not _TOOL_NAME.match(name):
+        return f"'{name}' is not a tool name (expected e.g. shell or gmail.send_message)"
+    if "." not in name:
+        if name not in BUILTIN_TOOLS:
+            known = ", ".join(sorted(BUILTIN_TOOLS))
+            return f"unknown tool '{name}' (built-in tools: {known}; MCP tools are server.tool)"
+        return None
+    server = name.split(".", 1)[0]
+    if server not in servers:
+        return f"tool '{name}' names MCP server '{server}', which this profile does not define"
+    return None
+
+
 class Config(_Section):
     """The whole configuration of one Bothy site."""
 
@@ -115,6 +198,7 @@ class Config(_Section):
     budget: BudgetConfig
     codex: CodexConfig = Field(default_factory=CodexConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
 
     @field_validator("site")
     @classmethod
@@ -131,6 +215,14 @@ class Config(_Section):
                 f"budget.reservation_expiry_s ({self.budget.reservation_expiry_s}), or a live "
                 "run's reservation could expire under it"
             )
+        for name, profile in self.profiles.items():
+            held = self.limits.wall_clock_s + profile.question_hold_seconds
+            if held >= self.budget.reservation_expiry_s:
+                raise ValueError(
+                    f"profiles.{name}.question_hold_seconds ({profile.question_hold_seconds}) plus"
+                    f" limits.wall_clock_s must stay below budget.reservation_expiry_s"
+                    f" ({self.budget.reservation_expiry_s})"
+                )
         return self
 
 
@@ -183,7 +275,8 @@ def _explain(exc: ValidationError, path: Path) -> ConfigError:
             detail = "required key is missing"
         else:
             message = str(error["msg"]).removeprefix("Value error, ")
-            detail = f"{message} (got {error.get('input')!r})"
+            got = repr(error.get("input"))
+            detail = f"{message} (got {got if len(got) <= 80 else got[:77] + '...'})"
         lines.append(f"  {key}: {detail}")
     count = len(lines)
     head = f"config file {path} has {count} problem{'s' if count > 1 else ''}:"
