@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from bothy.engine.recovery import Recovery
 from bothy.engine.rpc import ConnectionLost, Notification, ServerRequest
 from bothy.engine.state import StateDB
 from bothy.engine.worker import Worker
-from bothy.errors import AppServerError, ProcessGroupError
+from bothy.errors import AppServerError, ProcessGroupError, RpcProtocolError
 from bothy.money import format_usd
 
 NO_REPLY = "NO_REPLY"
@@ -317,7 +318,9 @@ class Supervisor:
                 await worker.interrupt(turn.thread_id, turn.turn_id)
                 return item.outcome, item.reason, turn.text
             if isinstance(item, ConnectionLost):
-                reason = f"the app-server died mid-turn: {item.error}"
+                # A bad frame from a live peer is not a death: say which it was.
+                what = "broke the protocol" if isinstance(item.error, RpcProtocolError) else "died"
+                reason = f"the app-server {what} mid-turn: {item.error}"
                 return "failed", _with_stderr(reason, worker), turn.text
             if isinstance(item, ServerRequest):
                 await self._decline(turn, item, worker)
@@ -476,6 +479,9 @@ def _truncate(text: str) -> str:
     return text[:FINAL_TEXT_MAX_CHARS] + f"\n[truncated by bothy: {dropped} more characters]"
 
 
+_CONTROL_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x1f\x7f]")
+
+
 def _with_stderr(reason: str, worker: Worker) -> str:
     tail = worker.stderr_tail().strip()
     code = worker.exit_code()
@@ -483,7 +489,9 @@ def _with_stderr(reason: str, worker: Worker) -> str:
     if code is not None:
         parts.append(f"exit code {code}")
     if tail:
-        parts.append(f"stderr: {tail.splitlines()[-1][:300]}")
+        # Codex colours its log even into a pipe: the reason is shown and audited as plain text.
+        last = _CONTROL_SEQUENCE.sub("", tail.splitlines()[-1])
+        parts.append(f"stderr: {last[:300]}")
     return "; ".join(parts)
 
 
