@@ -22,7 +22,7 @@ from bothy.config import load_config
 from bothy.engine.procgroup import live_members
 from bothy.home import BothyHome
 from bothy.runtime import Runtime
-from tests.fakes.broken_app_server import TRUNCATED_FRAME, UNKNOWN_ID
+from tests.fakes.broken_app_server import LEADER_EXIT_CODE, TRUNCATED_FRAME, UNKNOWN_ID
 from tests.fakes.model_server import ModelServer, stall, text
 from tests.fakes.shell import Shell, audit_records, started_group, until
 from tests.fakes.site import Site
@@ -158,6 +158,24 @@ async def test_app_server_killed_mid_turn_fails_the_run_at_once(
         assert live_members(group.pgid) == []
     events = [f"{r.kind} {r.event} {r.outcome}" for r in audit_records(site)]
     assert events[-3:] == ["worker stopped ok", "budget settled ok", "run finished failed"]
+
+
+async def test_app_server_exiting_while_a_child_holds_its_output_fails_the_run(
+    tmp_path: Path,
+) -> None:
+    """The app-server's death mid-turn is noticed even when a child keeps its stdout open."""
+    log = tmp_path / "worker.log"
+    site = _broken_site(tmp_path, "exit-leaving-child", log)
+    async with Shell(site) as shell:
+        run = await shell.start("run", "any job", "--subject", "demo")
+        run_id = await run.admitted()
+        assert run_id is not None
+        done = await run.finish(timeout_s=NO_HANG_S)
+        assert (done.code, done.stdout) == (1, (
+            f"failed {run_id} 0.0000 usd the app-server died mid-turn: the app-server exited"
+            f" with code {LEADER_EXIT_CODE}; exit code {LEADER_EXIT_CODE}\n"))
+        group = started_group(site, run_id)
+        assert live_members(group.pgid) == []
 
 
 @pytest.mark.parametrize(

@@ -74,6 +74,16 @@ class RpcConnection:
                 await self._reader_task
             self._reader_task = None
 
+    def peer_exited(self, returncode: int) -> None:
+        """The app-server's process is gone: fail now if its output has not ended already.
+
+        Its output normally ends with it, and the reader reports that in order; but a child
+        that inherited the pipe keeps it open, and the end of the stream would never come.
+        """
+        self._fail(AppServerError(
+            f"the app-server exited with code {returncode}", exit_code=returncode
+        ))
+
     async def request(self, method: str, params: dict[str, Any], *, timeout_s: float) -> Any:
         """Send a request and wait for its result; raise AppServerError on error or death."""
         if self._lost is not None:
@@ -161,6 +171,8 @@ class RpcConnection:
             future.set_result(message)
 
     def _fail(self, error: AppServerError) -> None:
+        if self._lost is not None:
+            return  # the first reason stands
         self._lost = error
         for future in self._pending.values():
             if not future.done():

@@ -25,6 +25,10 @@ _INIT_TIMEOUT_S = 60.0
 _CALL_TIMEOUT_S = 30.0
 _INTERRUPT_TIMEOUT_S = 3.0
 _STDERR_TAIL_LINES = 20
+_EXIT_POLL_S = 0.25
+# After the leader exits, how long its output may stay open (still draining) before the
+# connection is declared lost; normally the output ends at once and the reader says so.
+_EXIT_DRAIN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class Worker:
         self._rpc: RpcConnection | None = None
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
         self._stderr_task: asyncio.Task[None] | None = None
+        self._exit_task: asyncio.Task[None] | None = None
         # Monotonic marks of the protocol's first steps, for the trace and the benchmarks.
         self.marks: dict[str, float] = {}
 
@@ -69,6 +74,7 @@ class Worker:
         self._rpc = RpcConnection(process.stdout, process.stdin, self.inbox)
         self._rpc.start()
         self._stderr_task = asyncio.create_task(self._drain_stderr(process.stderr))
+        self._exit_task = asyncio.create_task(self._watch_exit(process, self._rpc))
         return self._group.record
 
     async def initialize(self) -> dict[str, Any]:
@@ -141,6 +147,10 @@ class Worker:
 
     async def stop(self, *, grace_s: float) -> StopReport | None:
         """Close stdin, then stop the whole group (TERM, bounded wait, KILL)."""
+        if self._exit_task is not None:
+            self._exit_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._exit_task
         if self._rpc is not None:
             await self._rpc.close()
         report = await self._group.stop(grace_s=grace_s) if self._group is not None else None
@@ -164,6 +174,14 @@ class Worker:
         if self._group is None:
             raise AppServerError("the worker has no process group yet")
         return self._group
+
+    async def _watch_exit(self, process: asyncio.subprocess.Process, rpc: RpcConnection) -> None:
+        # ``returncode`` is set when the leader is reaped, whoever still holds its pipes; there
+        # is no event for that (``process.wait()`` also waits for the pipes to close).
+        while process.returncode is None:  # noqa: ASYNC110
+            await asyncio.sleep(_EXIT_POLL_S)
+        await asyncio.sleep(_EXIT_DRAIN_S)
+        rpc.peer_exited(process.returncode)
 
     async def _drain_stderr(self, stderr: asyncio.StreamReader) -> None:
         # The app-server logs to stderr; an undrained pipe would block it once full.

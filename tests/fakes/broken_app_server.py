@@ -15,7 +15,10 @@ and ``turn/start``, announces ``turn/started``, and then misbehaves as MODE says
     answers a request Bothy never sent (id 4242), then carries on;
 ``hang``
     says nothing more and outlives the end of its input (a wedged worker): it only ends when
-    signalled.
+    signalled;
+``exit-leaving-child``
+    exits (code 3) with a well-formed stream, while its child, which inherited its stdout,
+    keeps that pipe open: the end of the output does not come with the leader's death.
 
 Every mode first starts a child (``sleep``) in its own process group, so a test can prove that
 the whole group, not only the leader, was ended. With ``--log FILE`` it appends one line per
@@ -34,7 +37,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-MODES = ("not-json", "truncated", "unknown-id", "hang")
+MODES = ("not-json", "truncated", "unknown-id", "hang", "exit-leaving-child")
+LEADER_EXIT_CODE = 3
 UNKNOWN_ID = 4242
 THREAD_ID = "thr_broken"
 TURN_ID = "turn_broken"
@@ -90,6 +94,9 @@ class _Peer:
             sys.exit(0)
         elif self.mode == "unknown-id":
             self.send({"id": UNKNOWN_ID, "result": {}})
+        elif self.mode == "exit-leaving-child":
+            self.note("fault written")
+            sys.exit(LEADER_EXIT_CODE)
         self.note("fault written")
 
 
@@ -99,9 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", type=Path)
     args, _codex_flags = parser.parse_known_args(argv)
     peer = _Peer(args.mode, args.log)
+    holds_output = args.mode == "exit-leaving-child"
     child = subprocess.Popen(
         ["sleep", "300"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=None if holds_output else subprocess.DEVNULL,
     )
     peer.note(f"child {child.pid}")
     for line in sys.stdin.buffer:
