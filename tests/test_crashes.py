@@ -8,6 +8,7 @@ ignores the end of its input), ``tests/fakes/broken_app_server.py`` stands in fo
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
@@ -24,7 +25,7 @@ from bothy.home import BothyHome
 from bothy.runtime import Runtime
 from tests.fakes.broken_app_server import LEADER_EXIT_CODE, TRUNCATED_FRAME, UNKNOWN_ID
 from tests.fakes.model_server import ModelServer, stall, text
-from tests.fakes.shell import Shell, audit_records, started_group, until
+from tests.fakes.shell import DEADLINE_S, Shell, audit_records, started_group, until
 from tests.fakes.site import Site
 
 BROKEN_APP_SERVER = Path(__file__).resolve().parent / "fakes" / "broken_app_server.py"
@@ -36,6 +37,12 @@ NO_HANG_S = 15.0  # well under the wall clock (60 s) and codex's stream idle tim
 async def server() -> AsyncIterator[ModelServer]:
     async with ModelServer() as model:
         yield model
+
+
+async def _mid_turn(server: ModelServer) -> None:
+    """Wait until the model has started its stalled answer: the turn is under way."""
+    async with asyncio.timeout(DEADLINE_S):
+        await server.stalled.wait()
 
 
 def _broken_site(root: Path, mode: str, log: Path) -> Site:
@@ -86,12 +93,14 @@ async def test_sigkilled_bothy_run_is_recovered_by_the_next_bothy_run(
         crashed = await shell.start("run", "long job", "--subject", "demo")
         crashed_id = await crashed.admitted()
         assert crashed_id is not None
-        await server.wait_for_requests(1)
+        await _mid_turn(server)
         group = started_group(site, crashed_id)
         assert group.leader_pid in live_members(group.pgid)
 
         crashed.signal(signal.SIGKILL)
         assert (await crashed.finish()).code == -signal.SIGKILL
+        # Codex exits when its stdin ends, so this group may be gone by itself already; the
+        # group that outlives its bothy is the next test's.
 
         after = await shell.bothy("run", "next job", "--subject", "other")
         assert after.code == 0 and after.stdout.endswith(f"{REPLY_COST} usd after the crash\n")
@@ -147,7 +156,7 @@ async def test_app_server_killed_mid_turn_fails_the_run_at_once(
         run = await shell.start("run", "long job", "--subject", "demo")
         run_id = await run.admitted()
         assert run_id is not None
-        await server.wait_for_requests(1)
+        await _mid_turn(server)
         group = started_group(site, run_id)
 
         os.kill(group.leader_pid, signal.SIGKILL)

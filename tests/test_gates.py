@@ -83,11 +83,13 @@ async def test_five_concurrent_runs_that_see_40_of_50_used_admit_three_and_refus
         for run in refused:
             done = await run.finish()
             assert done.code == 3
-            assert done.stdout.startswith("refused run_")
-            assert done.stdout.split(" ", 2)[2] == (
+            outcome, run_id, rest = done.stdout.split(" ", 2)
+            assert (outcome, rest) == ("refused", (
                 "0.0000 usd refused at gate 'budget': would reach 52.00 usd against a 50.00"
-                " ceiling (40.00 used, 9.00 already reserved, 3.00 requested)\n"
-            )
+                " ceiling (40.00 used, 9.00 already reserved, 3.00 requested)\n"))
+            assert [line.split(" ", 2)[2] for line in _lines_of(site, run_id)] == [
+                f"wake received ok {run.args[3]} {run_id}",
+                f"run refused refused {run.args[3]} {run_id}"]
 
         await server.wait_for_requests(2)
         waiting = [(run, run_id) for run, run_id in admitted if await _waits_for_a_slot(run)]
@@ -95,10 +97,11 @@ async def test_five_concurrent_runs_that_see_40_of_50_used_admit_three_and_refus
         status = await shell.bothy("status")
         assert "spend today: 40.0000 usd used, 9.0000 usd reserved, ceiling 50.00 usd" in (
             status.stdout)
-        assert "running: 2 of 2 workers" in status.stdout
-        assert len(server.requests) == 2, "the run waiting for a slot never reached the model"
-
         queued_id = waiting[0][1]
+        assert "running: 2 of 2 workers" in status.stdout
+        assert f"queued: 1\n  lane {waiting[0][0].args[3]}: {queued_id}\n" in status.stdout
+        assert len(server.requests) == 2, "the run waiting for a slot reached the model"
+
         working = [(run, run_id) for run, run_id in admitted if run_id != queued_id]
         cancel = await shell.bothy("cancel", queued_id)
         assert (cancel.code, cancel.stdout) == (0, f"cancelled {queued_id}\n")
