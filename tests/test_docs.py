@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from bothy.config import Config, Price
+from bothy.config import Config, McpServerConfig, Price, ProfileConfig
 from bothy.exitcodes import ExitCode
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -22,8 +22,12 @@ def _field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             paths += _field_paths(annotation, path + ".")
-        elif typing.get_origin(annotation) is dict and typing.get_args(annotation)[1] is Price:
-            paths += _field_paths(Price, path + ".<model>.")
+        elif typing.get_origin(annotation) is dict:
+            value = typing.get_args(annotation)[1]
+            if isinstance(value, type) and issubclass(value, BaseModel):
+                placeholder = {Price: "<model>", ProfileConfig: "<name>",
+                               McpServerConfig: "<server>"}[value]
+                paths += _field_paths(value, f"{path}.{placeholder}.")
     return paths
 
 

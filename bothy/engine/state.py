@@ -24,7 +24,7 @@ import aiosqlite
 
 from bothy.errors import StateError
 
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2
 _BUSY_TIMEOUT_MS = 30_000
 
 _SCHEMA = """
@@ -63,6 +63,37 @@ CREATE TABLE IF NOT EXISTS spend (
     at_us   INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS spend_by_day ON spend (day);
+CREATE TABLE IF NOT EXISTS groups (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id       TEXT NOT NULL,
+    role         TEXT NOT NULL,
+    pgid         INTEGER NOT NULL,
+    leader_pid   INTEGER NOT NULL,
+    leader_start TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS groups_by_run ON groups (run_id);
+CREATE TABLE IF NOT EXISTS approvals (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    tool         TEXT NOT NULL,
+    approved_by  TEXT NOT NULL,
+    approved_us  INTEGER NOT NULL,
+    run_id       TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS approvals_by_tool ON approvals (tool, approved_us);
+CREATE TABLE IF NOT EXISTS questions (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id       TEXT NOT NULL,
+    kind         TEXT NOT NULL CHECK (kind IN ('approval', 'input')),
+    tool         TEXT,
+    text         TEXT NOT NULL,
+    asked_us     INTEGER NOT NULL,
+    deadline_us  INTEGER NOT NULL,
+    status       TEXT NOT NULL CHECK (status IN ('pending', 'answered', 'timed_out', 'stopped')),
+    answer       TEXT,
+    answered_by  TEXT,
+    answered_us  INTEGER
+);
+CREATE INDEX IF NOT EXISTS questions_by_run ON questions (run_id, status);
 """
 
 
