@@ -42,6 +42,10 @@ class BothyHome:
         return self.state_dir / "audit.jsonl"
 
     @property
+    def checklist_path(self) -> Path:
+        return self.root / "checklist.md"
+
+    @property
     def runs_dir(self) -> Path:
         return self.root / "runs"
 

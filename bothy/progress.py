@@ -38,6 +38,9 @@ class PlainProgress:
     def usage(self, tokens: int, cost_micros: int) -> None:
         self._line(f"usage {tokens} tokens, {format_usd(cost_micros, 4)} usd")
 
+    def question(self, run_id: str, text: str) -> None:
+        self._line(f"question: {text}  (answer: bothy answer {run_id} yes|no|TEXT)")
+
 
 class TerminalProgress:
     """Streams the agent's text and redraws a status line in place."""
@@ -70,6 +73,14 @@ class TerminalProgress:
     def usage(self, tokens: int, cost_micros: int) -> None:
         self._tokens, self._cost_micros = tokens, cost_micros
         self._redraw()
+
+    def question(self, run_id: str, text: str) -> None:
+        if self._mid_text:
+            self._out.write("\n")
+            self._mid_text = False
+        self._out.write(f"\r\033[K? {text}\n  type yes/no (or an answer) and Enter, or run:"
+                        f" bothy answer {run_id} yes|no|TEXT\n")
+        self._out.flush()
 
     def finish(self) -> None:
         self._out.write("\r\033[K" if not self._mid_text else "\n")

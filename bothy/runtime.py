@@ -41,7 +41,7 @@ class Runtime:
     def supervisor(self, launch: Launch | None = None) -> Supervisor:
         return Supervisor(
             self.cfg, db=self.db, audit=self.audit, launch=launch or self.launch(),
-            clock=self.clock,
+            clock=self.clock, checklist_path=self.home.checklist_path,
         )
 
     def recovery(self) -> Recovery:

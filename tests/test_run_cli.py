@@ -329,7 +329,7 @@ async def test_an_escalation_request_is_declined_and_audited(
     match = run_line(done)
     assert done.stdout == f"completed {match['run_id']} {match['usd']} usd done\n"
     events = await audit_events(site, match["run_id"])
-    assert ("tool", "declined", "refused") in events
+    assert ("tool", "refused", "refused") in events
     assert not (site.workspace / "escalated.txt").exists()
     told = [item["output"] for item in server.requests[1]["input"]
             if item.get("type") == "function_call_output"]

@@ -113,6 +113,15 @@ class WorkerPool:
                 (record.pgid, record.leader_pid, record.leader_start, model, run_id),
             )
 
+    async def attach_group(self, run_id: str, role: str, record: GroupRecord) -> None:
+        """Persist another process group of the run (an MCP server) for orphan recovery."""
+        async with self._db.transaction():
+            await self._db.execute(
+                "INSERT INTO groups (run_id, role, pgid, leader_pid, leader_start)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (run_id, role, record.pgid, record.leader_pid, record.leader_start),
+            )
+
     async def request_cancel(self, run_id: str) -> bool:
         """Mark a queued or running run for cancellation; False if it already finished."""
         async with self._db.transaction():

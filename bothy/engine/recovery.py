@@ -56,11 +56,18 @@ class Recovery:
         return recovered
 
     async def _end_group(self, row: RunRow) -> str:
-        if row.pgid is None or row.leader_pid is None or row.leader_start is None:
+        """End the worker's group and every other group the run recorded (MCP servers)."""
+        records = []
+        if row.pgid is not None and row.leader_pid is not None and row.leader_start is not None:
+            records.append(GroupRecord(row.pgid, row.leader_pid, row.leader_start))
+        for extra in await self._db.fetch_all(
+            "SELECT pgid, leader_pid, leader_start FROM groups WHERE run_id = ?", (row.run_id,)
+        ):
+            records.append(GroupRecord(extra["pgid"], extra["leader_pid"], extra["leader_start"]))
+        if not records:
             return "none"
-        record = GroupRecord(row.pgid, row.leader_pid, row.leader_start)
-        outcome = await end_orphan_group(record, grace_s=self._grace_s)
-        return outcome.describe()
+        outcomes = [await end_orphan_group(record, grace_s=self._grace_s) for record in records]
+        return "; ".join(outcome.describe() for outcome in outcomes)
 
     async def _close(self, row: RunRow, group: str) -> bool:
         crashed = 1 if row.status == "running" else 0

@@ -21,13 +21,17 @@ from bothy.clock import Clock
 from bothy.config import Config, Price
 from bothy.engine.audit import AuditLog
 from bothy.engine.budget import Admitted, BudgetGate, Refused, Ticket
+from bothy.engine.checklist import Checklist
 from bothy.engine.launch import Launch
 from bothy.engine.pool import Waiting, Withdrawn, WorkerPool
 from bothy.engine.prices import PriceTable, TokenUsage
-from bothy.engine.procgroup import process_start_time
+from bothy.engine.procgroup import GroupRecord, process_start_time
+from bothy.engine.questions import QuestionBoard
 from bothy.engine.recovery import Recovery
 from bothy.engine.rpc import ConnectionLost, Notification, ServerRequest
 from bothy.engine.state import StateDB
+from bothy.engine.toolbox import RunScope, Toolbox
+from bothy.engine.verdicts import ApprovalStore
 from bothy.engine.worker import Worker
 from bothy.errors import AppServerError, ProcessGroupError, RpcProtocolError
 from bothy.money import format_usd
@@ -48,6 +52,9 @@ class RunRequest:
     max_usd_micros: int
     wall_clock_s: int
     max_tokens: int | None = None
+    profile: str | None = None  # a name in config's profiles; None grants nothing
+    trusted: bool = True  # False for runs woken by webhooks and polls (rule 6)
+    can_hold: bool = False  # a person can be asked and the run may wait for them
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,7 @@ class Progress(Protocol):
     def started(self, run_id: str, pid: int) -> None: ...
     def text(self, delta: str) -> None: ...
     def usage(self, tokens: int, cost_micros: int) -> None: ...
+    def question(self, run_id: str, text: str) -> None: ...
 
 
 class SilentProgress:
@@ -80,6 +88,7 @@ class SilentProgress:
     def started(self, run_id: str, pid: int) -> None: ...
     def text(self, delta: str) -> None: ...
     def usage(self, tokens: int, cost_micros: int) -> None: ...
+    def question(self, run_id: str, text: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -123,8 +132,12 @@ class Supervisor:
         audit: AuditLog,
         launch: Launch,
         clock: Clock,
+        checklist_path: Path,
     ) -> None:
         self._cfg = cfg
+        self._checklist = Checklist(checklist_path)
+        self._board = QuestionBoard(db, clock=clock)
+        self._approvals = ApprovalStore(db, clock=clock)
         self._db = db
         self._audit = audit
         self._launch = launch
@@ -207,6 +220,8 @@ class Supervisor:
     ) -> tuple[str, str | None, str]:
         inbox: asyncio.Queue[Any] = asyncio.Queue()
         worker = Worker(self._launch, cwd=self._cfg.workspace, inbox=inbox)
+        deadline = asyncio.get_running_loop().time() + request.wall_clock_s
+        toolbox = self._toolbox(run_id, request, progress, deadline)
         try:
             record = await worker.start()
         except (OSError, ProcessGroupError) as exc:
@@ -219,17 +234,51 @@ class Supervisor:
                          "leader_start": record.leader_start, "command": self._launch.argv[0]},
             )
             progress.started(run_id, record.leader_pid)
-            return await self._converse(run_id, request, admitted, worker, inbox, progress)
+            await toolbox.start()
+            return await self._converse(
+                run_id, request, admitted, worker, inbox, progress, toolbox, deadline
+            )
         except AppServerError as exc:
             return "failed", _with_stderr(str(exc), worker), ""
         finally:
             report = await asyncio.shield(worker.stop(grace_s=self._cfg.limits.stop_grace_s))
+            await asyncio.shield(toolbox.stop())
             await self._audit.record(
                 "worker", "stopped", "failed" if report and report.survivors else "ok",
                 subject=request.subject, run_id=run_id,
                 details={"how": report.describe() if report else "never started",
                          "exit_code": worker.exit_code()},
             )
+
+    def _toolbox(
+        self, run_id: str, request: RunRequest, progress: Progress, deadline: float
+    ) -> Toolbox:
+        profile = self._cfg.profiles.get(request.profile) if request.profile else None
+        mcp = None
+        if profile is not None and profile.mcp_servers:
+            from bothy.engine.mcp import McpHost  # heavy: imported only by runs that use it
+
+            async def on_group(server: str, record: GroupRecord) -> None:
+                await self.pool.attach_group(run_id, f"mcp:{server}", record)
+
+            mcp = McpHost(profile.mcp_servers, cwd=self._cfg.workspace, environ=os.environ,
+                          on_group=on_group)
+
+        async def should_stop() -> str | None:
+            if self.stopping.is_set():
+                return "bothy is stopping"
+            if await self.pool.cancel_requested(run_id):
+                return "the run was cancelled"
+            return None
+
+        def hold_left_s() -> float:
+            return max(0.0, deadline - asyncio.get_running_loop().time())
+
+        scope = RunScope(run_id, request.subject, request.profile, profile, request.trusted,
+                         request.can_hold)
+        return Toolbox(scope, audit=self._audit, board=self._board, approvals=self._approvals,
+                       checklist=self._checklist, mcp=mcp, asker=progress,
+                       should_stop=should_stop, hold_left_s=hold_left_s)
 
     async def _converse(
         self,
@@ -239,10 +288,18 @@ class Supervisor:
         worker: Worker,
         inbox: asyncio.Queue[Any],
         progress: Progress,
+        toolbox: Toolbox,
+        deadline: float,
     ) -> tuple[str, str | None, str]:
         await worker.initialize()
+        profile = self._cfg.profiles.get(request.profile) if request.profile else None
+        if profile is not None and profile.skills:
+            await worker.set_skill_roots([str(root) for root in profile.skills])
         thread = await worker.start_thread(
-            model=self._cfg.codex.model, sandbox="read-only", approval_policy="on-request"
+            model=self._cfg.codex.model,
+            sandbox=profile.sandbox if profile else "read-only",
+            approval_policy="on-request",
+            dynamic_tools=toolbox.dynamic_tools(),
         )
         await self.pool.attach_worker(run_id, worker.record, thread.model)
         refusal = self.budget.price_refusal(thread.model)
@@ -260,7 +317,7 @@ class Supervisor:
                      admitted.reserved_micros)
         watcher = asyncio.create_task(self._watch(run_id, inbox))
         try:
-            return await self._stream(turn, request, worker, inbox, progress)
+            return await self._stream(turn, request, worker, inbox, progress, toolbox, deadline)
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -306,8 +363,9 @@ class Supervisor:
         worker: Worker,
         inbox: asyncio.Queue[Any],
         progress: Progress,
+        toolbox: Toolbox,
+        deadline: float,
     ) -> tuple[str, str | None, str]:
-        deadline = asyncio.get_running_loop().time() + request.wall_clock_s
         while True:
             try:
                 async with asyncio.timeout_at(deadline):
@@ -323,7 +381,7 @@ class Supervisor:
                 reason = f"the app-server {what} mid-turn: {item.error}"
                 return "failed", _with_stderr(reason, worker), turn.text
             if isinstance(item, ServerRequest):
-                await self._decline(turn, item, worker)
+                await toolbox.handle(item, worker)
                 continue
             ended = await self._notice(turn, item, request, progress)
             if isinstance(ended, _Stop):
@@ -399,19 +457,6 @@ class Supervisor:
         reason = message or turn.error or f"the turn ended with status {status!r}"
         return "failed", str(reason), turn.text
 
-    async def _decline(self, turn: _Turn, request: ServerRequest, worker: Worker) -> None:
-        """Until profiles exist, every approval and tool request is declined, fail-closed."""
-        answer, what = _declination(request)
-        if answer is None:
-            await worker.respond_error(request.request_id, -32601, what)
-        else:
-            await worker.respond(request.request_id, answer)
-        await self._audit.record(
-            "tool", "declined", "refused", subject=turn.subject, run_id=turn.run_id,
-            details={"request": request.method, "what": what,
-                     "reason": "no profile grants tools yet: every request is declined"},
-        )
-
     async def _settle(
         self, run_id: str, subject: str, outcome: str, reason: str | None, text: str
     ) -> RunResult:
@@ -431,35 +476,6 @@ class Supervisor:
                      "final_chars": len(text)},
         )
         return RunResult(run_id, outcome, settlement.cost_micros, kept, reason)
-
-
-def _declination(request: ServerRequest) -> tuple[dict[str, Any] | None, str]:
-    params = request.params
-    match request.method:
-        case "item/commandExecution/requestApproval":
-            return {"decision": "decline"}, f"shell: {params.get('command', '?')}"
-        case "item/fileChange/requestApproval":
-            return {"decision": "decline"}, "apply_patch"
-        case "item/permissions/requestApproval":
-            return {"permissions": {}}, "extra permissions"
-        case "mcpServer/elicitation/request":
-            return {"action": "decline"}, "mcp elicitation"
-        case "item/tool/requestUserInput":
-            questions = params.get("questions") or []
-            answers = {
-                str(q.get("id")): {"answers": ["No answer is coming: nobody can be asked from"
-                                               " this run. Continue without it."]}
-                for q in questions if isinstance(q, dict)
-            }
-            return {"answers": answers}, "request_user_input"
-        case "item/tool/call":
-            return {"success": False, "contentItems": [
-                {"type": "inputText", "text": f"tool {params.get('tool')!r} is not granted"}
-            ]}, f"tool {params.get('tool')}"
-        case "execCommandApproval" | "applyPatchApproval":
-            return {"decision": "denied"}, request.method
-        case _:
-            return None, f"unsupported request {request.method!r}"
 
 
 def _error_text(error: dict[str, Any]) -> str:

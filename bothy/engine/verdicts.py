@@ -142,8 +142,9 @@ class VerdictEngine:
         if call.tool in profile.ask:
             return Refuse(
                 "ask_without_rule",
-                f"'{call.tool}' is in ask but has no approvals rule; refused and raised as an alert",
-                f"The tool '{call.tool}' needs a person and none is set up to answer. Do not retry.",
+                f"'{call.tool}' is in ask but has no approvals rule: refused, alert raised",
+                f"The tool '{call.tool}' needs a person and none is set up to answer it."
+                " Do not retry.",
                 alert=True,
             )
         return Proceed("granted")

@@ -91,7 +91,12 @@ class Worker:
         return result if isinstance(result, dict) else {}
 
     async def start_thread(
-        self, *, model: str | None, sandbox: str, approval_policy: str
+        self,
+        *,
+        model: str | None,
+        sandbox: str,
+        approval_policy: str,
+        dynamic_tools: list[dict[str, Any]] | None = None,
     ) -> ThreadInfo:
         params: dict[str, Any] = {
             "cwd": str(self._cwd),
@@ -101,6 +106,8 @@ class Worker:
         }
         if model is not None:
             params["model"] = model
+        if dynamic_tools:
+            params["dynamicTools"] = dynamic_tools
         result = await self._call("thread/start", params)
         thread = result.get("thread") if isinstance(result, dict) else None
         if not isinstance(thread, dict) or not isinstance(thread.get("id"), str):
@@ -108,6 +115,10 @@ class Worker:
                 "'thread/start' answered without a thread id", method="thread/start"
             )
         return ThreadInfo(thread["id"], str(thread.get("model") or model or "unknown"))
+
+    async def set_skill_roots(self, roots: list[str]) -> None:
+        """Make extra skill roots visible to Codex (a profile's ``skills``)."""
+        await self._call("skills/extraRoots/set", {"extraRoots": roots})
 
     async def start_turn(self, thread_id: str, text: str) -> str:
         self.marks["turn_start_sent"] = time.monotonic()

@@ -1,0 +1,278 @@
+"""A run's toolbox: every request a worker makes of Bothy goes through here.
+
+Codex's approval requests (a command asking to leave the sandbox is ``shell``, a patch is
+``apply_patch``), calls to dynamic tools (Bothy's own ``bothy_checklist`` and the granted
+tools of MCP servers, offered per server as a namespace) and questions for a person all end
+in one place: the :class:`~bothy.engine.verdicts.VerdictEngine` decides, a person is asked
+where the verdict needs one and the run can wait, the call is carried out or refused, and
+every decision is an audit record. Nothing here raises for a bad request: the model gets an
+error it can read and the run goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from bothy.config import ProfileConfig
+from bothy.engine.audit import AuditLog
+from bothy.engine.checklist import SPEC as CHECKLIST_SPEC
+from bothy.engine.checklist import Checklist
+from bothy.engine.questions import Answered, QuestionBoard
+from bothy.engine.rpc import ServerRequest
+from bothy.engine.verdicts import (
+    ApprovalStore,
+    NeedsPerson,
+    Proceed,
+    Refuse,
+    ToolCall,
+    VerdictEngine,
+)
+
+if TYPE_CHECKING:  # the MCP SDK takes half a second to import: only runs that use it pay
+    from bothy.engine.mcp import HostedTool, McpHost
+
+NO_ANSWER = "No answer is coming: nobody can be asked from this run. Continue without it."
+
+
+class Responder(Protocol):
+    """The worker's side of a server request."""
+
+    async def respond(self, request_id: int | str, result: dict[str, Any]) -> None: ...
+    async def respond_error(self, request_id: int | str, code: int, message: str) -> None: ...
+
+
+class Asker(Protocol):
+    """Shows a question to whoever can answer it (a terminal, later a chat thread)."""
+
+    def question(self, run_id: str, text: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class RunScope:
+    """Who the toolbox works for."""
+
+    run_id: str
+    subject: str
+    profile_name: str | None
+    profile: ProfileConfig | None
+    trusted: bool
+    can_hold: bool
+
+
+class Toolbox:
+    """Bothy's side of one run's tool traffic."""
+
+    def __init__(
+        self,
+        scope: RunScope,
+        *,
+        audit: AuditLog,
+        board: QuestionBoard,
+        approvals: ApprovalStore,
+        checklist: Checklist,
+        mcp: McpHost | None,
+        asker: Asker,
+        should_stop: Callable[[], Awaitable[str | None]],
+        hold_left_s: Callable[[], float],
+    ) -> None:
+        self._scope = scope
+        self._audit = audit
+        self._board = board
+        self._approvals = approvals
+        self._checklist = checklist
+        self._mcp = mcp
+        self._asker = asker
+        self._should_stop = should_stop
+        self._hold_left_s = hold_left_s
+        self.verdicts = VerdictEngine(
+            scope.profile_name, scope.profile, approvals,
+            trusted=scope.trusted, can_hold=scope.can_hold,
+        )
+
+    async def start(self) -> None:
+        """Start the profile's MCP servers; audit each one that could not start."""
+        if self._mcp is None:
+            return
+        for problem in await self._mcp.start():
+            await self._record("mcp", "failed", "failed",
+                               {"server": problem.server, "problem": problem.message})
+
+    async def stop(self) -> None:
+        if self._mcp is not None:
+            await self._mcp.stop()
+
+    def dynamic_tools(self) -> list[dict[str, Any]]:
+        """The dynamic tools offered to Codex: only what the profile grants."""
+        specs: list[dict[str, Any]] = []
+        if self.verdicts.grants("bothy_checklist"):
+            specs.append(CHECKLIST_SPEC)
+        by_server: dict[str, list[HostedTool]] = {}
+        for tool in self._mcp.tools() if self._mcp else []:
+            if self.verdicts.grants(tool.qualified):
+                by_server.setdefault(tool.server, []).append(tool)
+        for server, tools in sorted(by_server.items()):
+            specs.append({
+                "type": "namespace",
+                "name": server,
+                "description": f"Tools of the MCP server '{server}'.",
+                "tools": [
+                    {"type": "function", "name": tool.name, "description": tool.description,
+                     "inputSchema": tool.input_schema}
+                    for tool in tools
+                ],
+            })
+        return specs
+
+    async def handle(self, request: ServerRequest, worker: Responder) -> None:
+        """Answer one server request, after a verdict where one applies."""
+        params = request.params
+        match request.method:
+            case "item/commandExecution/requestApproval":
+                command = str(params.get("command", "?"))
+                verdict = await self._approve(ToolCall("shell", command, write=True))
+                await worker.respond(request.request_id, _decision(verdict))
+            case "item/fileChange/requestApproval":
+                verdict = await self._approve(ToolCall("apply_patch", "apply a patch", True))
+                await worker.respond(request.request_id, _decision(verdict))
+            case "item/tool/call":
+                success, text = await self._call(params)
+                await worker.respond(request.request_id, {
+                    "success": success,
+                    "contentItems": [{"type": "inputText", "text": text}],
+                })
+            case "item/tool/requestUserInput":
+                await worker.respond(request.request_id, await self._user_input(params))
+            case "item/permissions/requestApproval":
+                await self._record("tool", "refused", "refused",
+                                   {"tool": "permissions", "reason": "extra permissions are"
+                                    " never granted at run time; use a profile's sandbox"})
+                await worker.respond(request.request_id, {"permissions": {}})
+            case "mcpServer/elicitation/request":
+                await self._record("tool", "refused", "refused",
+                                   {"tool": "elicitation", "reason": "Bothy is the MCP client"})
+                await worker.respond(request.request_id, {"action": "decline"})
+            case "execCommandApproval" | "applyPatchApproval":
+                await self._record("tool", "refused", "refused",
+                                   {"tool": request.method, "reason": "legacy request"})
+                await worker.respond(request.request_id, {"decision": "denied"})
+            case _:
+                await self._record("tool", "refused", "refused",
+                                   {"tool": request.method, "reason": "unsupported request"})
+                await worker.respond_error(
+                    request.request_id, -32601, f"Bothy does not support {request.method!r}"
+                )
+
+    async def _approve(self, call: ToolCall) -> Proceed | Refuse:
+        verdict = await self.verdicts.decide(call)
+        if isinstance(verdict, NeedsPerson):
+            verdict = await self._hold(call, verdict)
+        await self._record_verdict(call, verdict)
+        return verdict
+
+    async def _call(self, params: dict[str, Any]) -> tuple[bool, str]:
+        """Carry out a dynamic tool call; return (success, text for the model)."""
+        namespace, name = params.get("namespace"), params.get("tool")
+        arguments = params.get("arguments")
+        if not isinstance(name, str) or not name:
+            return False, "the call names no tool"
+        qualified = f"{namespace}.{name}" if isinstance(namespace, str) and namespace else name
+        if qualified == "bothy_checklist":
+            write = Checklist.is_write(arguments)
+            verdict = await self._approve(ToolCall(qualified, _brief(arguments), write))
+            if isinstance(verdict, Refuse):
+                return False, verdict.to_model
+            found = await asyncio.to_thread(self._checklist.call, arguments)
+            return found.success, found.text
+        hosted = self._hosted(qualified)
+        write = hosted is None or not hosted.read_only
+        verdict = await self._approve(ToolCall(qualified, _brief(arguments), write))
+        if isinstance(verdict, Refuse):
+            return False, verdict.to_model
+        if hosted is None or self._mcp is None:
+            return False, f"the tool '{qualified}' is not available in this run"
+        if not isinstance(arguments, dict):
+            return False, f"arguments for '{qualified}' must be a JSON object"
+        result = await self._mcp.call(hosted.server, hosted.name, arguments)
+        return result.success, result.text
+
+    def _hosted(self, qualified: str) -> HostedTool | None:
+        tools = self._mcp.tools() if self._mcp else []
+        return next((tool for tool in tools if tool.qualified == qualified), None)
+
+    async def _hold(self, call: ToolCall, need: NeedsPerson) -> Proceed | Refuse:
+        answer = await self._ask("approval", call.tool, need.question, need.hold_s)
+        if isinstance(answer, Answered):
+            if answer.approves:
+                await self._approvals.record(call.tool, answer.by, self._scope.run_id)
+                return Proceed(f"approved by {answer.by}", approved_by=answer.by)
+            return Refuse("declined_by_person", f"{answer.by} answered {answer.text!r}",
+                          f"A person declined the use of '{call.tool}'. Do not retry it.")
+        return Refuse(answer, f"no approval for '{call.tool}': the question {answer}",
+                      f"Nobody approved '{call.tool}' in time. Continue without it.")
+
+    async def _ask(self, kind: str, tool: str | None, text: str, hold_s: int) -> Answered | str:
+        """Post a question and hold for it; return the answer or how the hold ended."""
+        hold = min(float(hold_s), self._hold_left_s())
+        question_id = await self._board.post(self._scope.run_id, kind, tool, text, int(hold))
+        await self._record("question", "asked", "pending",
+                           {"kind": kind, "tool": tool, "question": text, "hold_s": hold})
+        self._asker.question(self._scope.run_id, text)
+        ended = await self._board.wait(question_id, hold_s=hold, should_stop=self._should_stop)
+        if isinstance(ended, Answered):
+            await self._record("question", "answered", "ok",
+                               {"kind": kind, "tool": tool, "by": ended.by, "answer": ended.text})
+            return ended
+        await self._record("question", ended.status, "failed",
+                           {"kind": kind, "tool": tool, "reason": ended.reason})
+        return ended.status
+
+    async def _user_input(self, params: dict[str, Any]) -> dict[str, Any]:
+        questions = [q for q in params.get("questions") or [] if isinstance(q, dict)]
+        profile = self._scope.profile
+        hold_s = profile.question_hold_seconds if profile else 0
+        answers: dict[str, dict[str, list[str]]] = {}
+        for question in questions:
+            text = str(question.get("question") or question.get("header") or "?")
+            reply = NO_ANSWER
+            if self._scope.can_hold and hold_s > 0:
+                answer = await self._ask("input", None, text, hold_s)
+                if isinstance(answer, Answered):
+                    reply = answer.text
+            else:
+                await self._record("question", "declined", "refused",
+                                   {"kind": "input", "question": text,
+                                    "reason": "this run cannot wait for a person"})
+            answers[str(question.get("id"))] = {"answers": [reply]}
+        return {"answers": answers}
+
+    async def _record_verdict(self, call: ToolCall, verdict: Proceed | Refuse) -> None:
+        if isinstance(verdict, Proceed):
+            await self._record("tool", "allowed", "ok",
+                               {"tool": call.tool, "call": call.summary, "why": verdict.reason,
+                                "approved_by": verdict.approved_by})
+            return
+        await self._record("tool", "refused", "refused",
+                           {"tool": call.tool, "call": call.summary, "code": verdict.code,
+                            "reason": verdict.reason})
+        if verdict.alert:
+            # No alert route exists yet (chat alerts come later): say so in the register.
+            await self._record("alert", "undelivered", "failed",
+                               {"about": call.tool, "reason": verdict.reason,
+                                "route": "none configured"})
+
+    async def _record(self, kind: str, event: str, outcome: str, details: dict[str, Any]) -> None:
+        await self._audit.record(kind, event, outcome, subject=self._scope.subject,
+                                 run_id=self._scope.run_id, details=details)
+
+
+def _decision(verdict: Proceed | Refuse) -> dict[str, str]:
+    return {"decision": "accept" if isinstance(verdict, Proceed) else "decline"}
+
+
+def _brief(arguments: Any) -> str:
+    text = repr(arguments)
+    return text if len(text) <= 200 else text[:197] + "..."
+
