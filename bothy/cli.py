@@ -32,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"bothy {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    # (each command's behaviour lives in bothy.commands; status in bothy.status)
 
     run = commands.add_parser("run", help="run one prompt through a supervised codex worker")
     run.add_argument("prompt", help="the prompt; '-' reads it from standard input")
@@ -41,6 +42,19 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-usd", help="reserve this much instead of budget.per_run_usd")
     run.add_argument("--max-tokens", type=int, help="stop the run past this many tokens")
     run.add_argument("--wall-clock", type=int, help="stop the run after this many seconds")
+    run.add_argument("--profile", help="grant the tools of this profile (see bothy profile list)")
+
+    answer = commands.add_parser("answer", help="answer a run's pending question")
+    answer.add_argument("run_id")
+    answer.add_argument("text", help="yes or no for an approval, free text for a question")
+
+    commands.add_parser("checklist", help="print the standing checklist")
+
+    profile = commands.add_parser("profile", help="what the configured profiles grant")
+    profile_actions = profile.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    profile_actions.add_parser("list", help="one line per profile")
+    show = profile_actions.add_parser("show", help="the resolved grant of one profile")
+    show.add_argument("name")
 
     status = commands.add_parser("status", help="what is running, queued and spent")
     status.add_argument("--json", action="store_true")
@@ -103,6 +117,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         "cancel": commands.cmd_cancel,
         "audit": commands.cmd_audit,
         "doctor": commands.cmd_doctor,
+        "answer": commands.cmd_answer,
+        "checklist": commands.cmd_checklist,
+        "profile": commands.cmd_profile,
     }[args.command]
     try:
         return int(asyncio.run(handler(args)))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -32,6 +33,7 @@ def _load() -> tuple[BothyHome, Config]:
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
+    from bothy.engine.questions import QuestionBoard
     from bothy.engine.supervisor import RunRequest, workspace_problem
     from bothy.money import format_usd
     from bothy.runtime import Runtime
@@ -46,6 +48,9 @@ async def cmd_run(args: argparse.Namespace) -> int:
                               "limits.wall_clock_s"),
         max_tokens=_tighter(args.max_tokens, "--max-tokens", cfg.limits.max_tokens,
                             "limits.max_tokens"),
+        profile=_profile(args.profile, cfg),
+        # A foreground run may hold a question: answered at the terminal or by `bothy answer`.
+        can_hold=True,
     )
     if problem := workspace_problem(cfg.workspace):
         raise ConfigError(f"{problem} (config key 'workspace' in {home.config_path})",
@@ -54,15 +59,54 @@ async def cmd_run(args: argparse.Namespace) -> int:
         supervisor = rt.supervisor()
         await supervisor.recovery.sweep()
         progress = _progress()
-        result = await _until_signal(
-            lambda: supervisor.execute(request, progress), supervisor.stopping
-        )
+        answers = _TerminalAnswers(progress, QuestionBoard(rt.db, clock=rt.clock))
+        try:
+            result = await _until_signal(
+                lambda: supervisor.execute(request, answers), supervisor.stopping
+            )
+        finally:
+            answers.close()
         if hasattr(progress, "finish"):
             progress.finish()
     shown = result.answer if result.outcome == "completed" else (result.reason or "")
     cost = format_usd(result.cost_micros, 4)
     print(f"{result.outcome} {result.run_id} {cost} usd {shown}".rstrip())
     return OUTCOME_EXIT.get(result.outcome, ExitCode.FAILED)
+
+
+class _TerminalAnswers:
+    """Passes progress through; when a question is shown and stdin is a terminal, the next
+    line typed answers it (as ``bothy answer`` would from another shell)."""
+
+    def __init__(self, inner: Any, board: Any) -> None:
+        self._inner = inner
+        self._board = board
+        self._run_id: str | None = None
+        self._reading = False
+        self._pending: set[asyncio.Task[Any]] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def question(self, run_id: str, text: str) -> None:
+        self._inner.question(run_id, text)
+        self._run_id = run_id
+        if sys.stdin.isatty() and not self._reading:
+            asyncio.get_running_loop().add_reader(sys.stdin.fileno(), self._line)
+            self._reading = True
+
+    def _line(self, *_: Any) -> None:
+        line = sys.stdin.readline().strip()
+        if line and self._run_id is not None:
+            by = f"{os.environ.get('USER', 'operator')}@terminal"
+            task = asyncio.ensure_future(self._board.answer(self._run_id, line, by))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+
+    def close(self) -> None:
+        if self._reading:
+            asyncio.get_running_loop().remove_reader(sys.stdin.fileno())
+            self._reading = False
 
 
 async def _until_signal(work: Callable[[], Awaitable[Any]], stopping: asyncio.Event) -> Any:
@@ -89,6 +133,13 @@ def _progress() -> Any:
     from bothy.progress import PlainProgress, TerminalProgress
 
     return TerminalProgress() if sys.stderr.isatty() else PlainProgress()
+
+
+def _profile(name: str | None, cfg: Config) -> str | None:
+    if name is not None and name not in cfg.profiles:
+        known = ", ".join(sorted(cfg.profiles)) or "none are configured"
+        raise UsageError(f"--profile {name!r} is not a configured profile ({known})")
+    return name
 
 
 def _read_prompt(prompt: str) -> str:
@@ -212,3 +263,55 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
     return ExitCode.FAILED if report.failed else ExitCode.OK
 
 
+
+
+async def cmd_answer(args: argparse.Namespace) -> int:
+    from bothy.engine.questions import Delivered, QuestionBoard
+    from bothy.runtime import Runtime
+
+    home, cfg = _load()
+    text = args.text.strip()
+    if not text:
+        raise UsageError("the answer is empty: give yes, no, or the text to send")
+    by = f"{os.environ.get('USER', 'operator')}@shell"
+    async with Runtime.open(home, cfg) as rt:
+        row = await rt.db.run(args.run_id)
+        if row is None:
+            raise UsageError(f"no run {args.run_id!r} in this site's state (see `bothy status`)")
+        result = await QuestionBoard(rt.db, clock=rt.clock).answer(args.run_id, text, by)
+        if isinstance(result, Delivered):
+            await rt.audit.record("answer", "received", "ok", subject=row.subject,
+                                  run_id=args.run_id, details={"by": by, "answer": text,
+                                                               "question": result.question})
+            print(f"answered {args.run_id}: {result.question}")
+            return ExitCode.OK
+        await rt.audit.record("answer", "late", "ok", subject=row.subject, run_id=args.run_id,
+                              details={"by": by, "answer": text,
+                                       "note": "nothing was waiting: the run had moved on"})
+        print(f"{args.run_id} has no pending question: the run had moved on (recorded as late)")
+        return ExitCode.FAILED
+
+
+async def cmd_checklist(args: argparse.Namespace) -> int:
+    from bothy.engine.checklist import Checklist
+    from bothy.home import BothyHome
+
+    checklist = Checklist(BothyHome.from_env().checklist_path)
+    text = await asyncio.to_thread(checklist.render)
+    print(text or "(the checklist is empty)")
+    return ExitCode.OK
+
+
+async def cmd_profile(args: argparse.Namespace) -> int:
+    from bothy.profiles import describe_profile, profile_lines
+
+    _, cfg = _load()
+    if args.action == "list":
+        for line in profile_lines(cfg) or ["(no profiles configured)"]:
+            print(line)
+        return ExitCode.OK
+    if args.name not in cfg.profiles:
+        known = ", ".join(sorted(cfg.profiles)) or "none are configured"
+        raise UsageError(f"no profile {args.name!r} ({known})")
+    print(describe_profile(args.name, cfg.profiles[args.name]))
+    return ExitCode.OK

@@ -2,7 +2,8 @@
 
 Codex's approval requests (a command asking to leave the sandbox is ``shell``, a patch is
 ``apply_patch``), calls to dynamic tools (Bothy's own ``bothy_checklist`` and the granted
-tools of MCP servers, offered per server as a namespace) and questions for a person all end
+tools of MCP servers, offered as ``server__tool`` since function names take no dots) and
+questions for a person all end
 in one place: the :class:`~bothy.engine.verdicts.VerdictEngine` decides, a person is asked
 where the verdict needs one and the run can wait, the call is carried out or refused, and
 every decision is an audit record. Nothing here raises for a bad request: the model gets an
@@ -109,21 +110,14 @@ class Toolbox:
         specs: list[dict[str, Any]] = []
         if self.verdicts.grants("bothy_checklist"):
             specs.append(CHECKLIST_SPEC)
-        by_server: dict[str, list[HostedTool]] = {}
         for tool in self._mcp.tools() if self._mcp else []:
             if self.verdicts.grants(tool.qualified):
-                by_server.setdefault(tool.server, []).append(tool)
-        for server, tools in sorted(by_server.items()):
-            specs.append({
-                "type": "namespace",
-                "name": server,
-                "description": f"Tools of the MCP server '{server}'.",
-                "tools": [
-                    {"type": "function", "name": tool.name, "description": tool.description,
-                     "inputSchema": tool.input_schema}
-                    for tool in tools
-                ],
-            })
+                specs.append({
+                    "type": "function",
+                    "name": flat_name(tool),
+                    "description": f"[MCP server {tool.server}] {tool.description}",
+                    "inputSchema": tool.input_schema,
+                })
         return specs
 
     async def handle(self, request: ServerRequest, worker: Responder) -> None:
@@ -179,6 +173,8 @@ class Toolbox:
         if not isinstance(name, str) or not name:
             return False, "the call names no tool"
         qualified = f"{namespace}.{name}" if isinstance(namespace, str) and namespace else name
+        hosted = self._hosted(qualified)
+        qualified = hosted.qualified if hosted else qualified
         if qualified == "bothy_checklist":
             write = Checklist.is_write(arguments)
             verdict = await self._approve(ToolCall(qualified, _brief(arguments), write))
@@ -186,7 +182,6 @@ class Toolbox:
                 return False, verdict.to_model
             found = await asyncio.to_thread(self._checklist.call, arguments)
             return found.success, found.text
-        hosted = self._hosted(qualified)
         write = hosted is None or not hosted.read_only
         verdict = await self._approve(ToolCall(qualified, _brief(arguments), write))
         if isinstance(verdict, Refuse):
@@ -198,9 +193,10 @@ class Toolbox:
         result = await self._mcp.call(hosted.server, hosted.name, arguments)
         return result.success, result.text
 
-    def _hosted(self, qualified: str) -> HostedTool | None:
+    def _hosted(self, called: str) -> HostedTool | None:
+        """The MCP tool a call names, by its offered (flat) name or its qualified name."""
         tools = self._mcp.tools() if self._mcp else []
-        return next((tool for tool in tools if tool.qualified == qualified), None)
+        return next((t for t in tools if called in (flat_name(t), t.qualified)), None)
 
     async def _hold(self, call: ToolCall, need: NeedsPerson) -> Proceed | Refuse:
         answer = await self._ask("approval", call.tool, need.question, need.hold_s)
@@ -266,6 +262,11 @@ class Toolbox:
     async def _record(self, kind: str, event: str, outcome: str, details: dict[str, Any]) -> None:
         await self._audit.record(kind, event, outcome, subject=self._scope.subject,
                                  run_id=self._scope.run_id, details=details)
+
+
+def flat_name(tool: HostedTool) -> str:
+    """The function name an MCP tool is offered under: model APIs allow no dots in names."""
+    return f"{tool.server}__{tool.name}"
 
 
 def _decision(verdict: Proceed | Refuse) -> dict[str, str]:
