@@ -189,6 +189,64 @@ def _tool_problem(name: str, servers: dict[str, McpServerConfig]) -> str | None:
     return None
 
 
+class ListenConfig(_Section):
+    """Where `bothy serve` listens. Both bind 127.0.0.1: Tailscale carries traffic in."""
+
+    tailnet_port: int = Field(default=8765, ge=1, le=65535)
+    public_port: int | None = Field(default=None, ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> ListenConfig:
+        if self.public_port == self.tailnet_port:
+            raise ValueError("public_port must differ from tailnet_port: Funnel applies to a"
+                             " whole port, so the public listener needs its own")
+        return self
+
+
+class WebhookJob(_Section):
+    """What a matching delivery wakes: a prompt in a lane, under a profile."""
+
+    event: str = Field(min_length=1)  # X-GitHub-Event (github) or the route's event
+    actions: list[str] = Field(default_factory=list)  # payload "action"; empty = any
+    prompt: str = Field(min_length=1)  # {dotted.fields} of the payload are framed as data
+    subject: str = Field(default="{route}", min_length=1)  # lane template, e.g. pr:{number}
+    profile: str | None = None
+    author_associations: list[str] = Field(default_factory=list)  # empty = anyone
+    max_usd: Decimal | None = Field(default=None, gt=0)
+
+
+class WebhookRoute(_Section):
+    """A signed route: GitHub's X-Hub-Signature-256, or a generic HMAC-SHA256 header."""
+
+    kind: Literal["github", "hmac"] = "github"
+    path: str = Field(pattern=r"^/[A-Za-z0-9/_.-]*$")
+    public: bool = False  # served on the public listener (Funnel) instead of the tailnet door
+    secret_env: list[str] = Field(min_length=1)  # env var names; several allow rotation
+    max_body_bytes: int = Field(default=5_000_000, ge=1024, le=25_000_000)
+    signature_header: str = "X-Signature-256"  # hmac routes: "sha256=<hex>"
+    delivery_header: str = "X-Delivery-Id"  # hmac routes: the dedupe key
+    event_header: str = "X-Event"  # hmac routes
+    jobs: list[WebhookJob] = Field(default_factory=list)
+
+    @field_validator("secret_env")
+    @classmethod
+    def _env_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return names
+
+
+class WakesConfig(_Section):
+    """How wakes that cannot start now are retried, and when they are given up."""
+
+    max_attempts: int = Field(default=5, ge=1, le=100)
+    retry_first_s: float = Field(default=30.0, gt=0)
+    retry_max_s: float = Field(default=900.0, gt=0)
+    keep_deliveries_days: int = Field(default=7, ge=3, le=90)
+    shutdown_grace_s: float = Field(default=20.0, gt=0, le=600)
+
+
 class Config(_Section):
     """The whole configuration of one Bothy site."""
 
@@ -199,6 +257,9 @@ class Config(_Section):
     codex: CodexConfig = Field(default_factory=CodexConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
+    listen: ListenConfig = Field(default_factory=ListenConfig)
+    webhooks: dict[str, WebhookRoute] = Field(default_factory=dict)
+    wakes: WakesConfig = Field(default_factory=WakesConfig)
 
     @field_validator("site")
     @classmethod
@@ -215,6 +276,18 @@ class Config(_Section):
                 f"budget.reservation_expiry_s ({self.budget.reservation_expiry_s}), or a live "
                 "run's reservation could expire under it"
             )
+        paths: dict[str, str] = {}
+        for name, route in self.webhooks.items():
+            if route.path in paths:
+                raise ValueError(f"webhooks.{name}.path {route.path!r} is also the path of"
+                                 f" webhooks.{paths[route.path]}")
+            paths[route.path] = name
+            if route.public and self.listen.public_port is None:
+                raise ValueError(f"webhooks.{name} is public but listen.public_port is not set")
+            for job in route.jobs:
+                if job.profile is not None and job.profile not in self.profiles:
+                    raise ValueError(f"webhooks.{name}: job profile {job.profile!r} is not"
+                                     " defined in profiles")
         for name, profile in self.profiles.items():
             held = self.limits.wall_clock_s + profile.question_hold_seconds
             if held >= self.budget.reservation_expiry_s:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from bothy.config import Config, McpServerConfig, Price, ProfileConfig
+from bothy.config import Config, McpServerConfig, Price, ProfileConfig, WebhookRoute
 from bothy.exitcodes import ExitCode
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -26,8 +26,12 @@ def _field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
             value = typing.get_args(annotation)[1]
             if isinstance(value, type) and issubclass(value, BaseModel):
                 placeholder = {Price: "<model>", ProfileConfig: "<name>",
-                               McpServerConfig: "<server>"}[value]
+                               McpServerConfig: "<server>", WebhookRoute: "<route>"}[value]
                 paths += _field_paths(value, f"{path}.{placeholder}.")
+        elif typing.get_origin(annotation) is list:
+            item = typing.get_args(annotation)[0]
+            if isinstance(item, type) and issubclass(item, BaseModel):
+                paths += _field_paths(item, f"{path}[].")
     return paths
 
 
