@@ -3,6 +3,7 @@
     BothyError
     ├── ConfigError            config file missing, unreadable or invalid (exit 78)
     ├── UsageError             a command-line argument that cannot be honoured (exit 64)
+    ├── TemporaryFailure       try again later: a lock held, a port taken (exit 75)
     ├── StateError             the state directory or database cannot be used
     ├── AuditIntegrityError    the audit chain is broken (names the first bad record)
     ├── CodexNotFoundError     the configured codex command is missing or not executable
@@ -34,6 +35,10 @@ class ConfigError(BothyError):
 
 class UsageError(BothyError):
     """A command-line argument that cannot be honoured."""
+
+
+class TemporaryFailure(BothyError):
+    """Something that may clear by itself: the service manager should restart Bothy later."""
 
 
 class StateError(BothyError):

@@ -55,6 +55,8 @@ class RunRequest:
     profile: str | None = None  # a name in config's profiles; None grants nothing
     trusted: bool = True  # False for runs woken by webhooks and polls (rule 6)
     can_hold: bool = False  # a person can be asked and the run may wait for them
+    run_id: str | None = None  # minted by the caller when it must know it before admission
+    wake_details: dict[str, Any] = field(default_factory=dict)  # for the `wake received` record
 
 
 @dataclass(frozen=True)
@@ -153,10 +155,11 @@ class Supervisor:
     async def execute(self, request: RunRequest, progress: Progress | None = None) -> RunResult:
         """Take one wake through the gates and, if admitted, through a worker."""
         shown = progress or SilentProgress()
-        run_id = new_run_id(self._clock)
+        run_id = request.run_id or new_run_id(self._clock)
         await self._audit.record(
             "wake", "received", "ok", subject=request.subject, run_id=run_id,
-            details={"source": request.source, "prompt_chars": len(request.prompt)},
+            details={"source": request.source, "prompt_chars": len(request.prompt),
+                     "trusted": request.trusted, **request.wake_details},
         )
         decision = await self.budget.admit(
             Ticket(run_id, request.subject, request.source, request.max_usd_micros,
