@@ -385,6 +385,11 @@ class Supervisor:
                 return "failed", _with_stderr(reason, worker), turn.text
             if isinstance(item, ServerRequest):
                 await toolbox.handle(item, worker)
+                if self.stopping.is_set():
+                    # A stop that ended a held question must stop the run now: the watcher's
+                    # next look could come after the turn has run on to "completed".
+                    await worker.interrupt(turn.thread_id, turn.turn_id)
+                    return "cancelled", "bothy received a stop signal", turn.text
                 continue
             ended = await self._notice(turn, item, request, progress)
             if isinstance(ended, _Stop):

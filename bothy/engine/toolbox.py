@@ -33,7 +33,7 @@ from bothy.engine.verdicts import (
 )
 
 if TYPE_CHECKING:  # the MCP SDK takes half a second to import: only runs that use it pay
-    from bothy.engine.mcp import HostedTool, McpHost
+    from bothy.engine.mcp import HostedTool, McpHost, McpProblem
 
 NO_ANSWER = "No answer is coming: nobody can be asked from this run. Continue without it."
 
@@ -92,18 +92,31 @@ class Toolbox:
             scope.profile_name, scope.profile, approvals,
             trusted=scope.trusted, can_hold=scope.can_hold,
         )
+        # Every tool the servers listed at start, kept after a server is lost, so that a call
+        # of a granted tool on a dead server is told why it failed (not "not granted").
+        self._listed: list[HostedTool] = []
+        self._problems_audited: set[McpProblem] = set()
 
     async def start(self) -> None:
         """Start the profile's MCP servers; audit each one that could not start."""
         if self._mcp is None:
             return
-        for problem in await self._mcp.start():
-            await self._record("mcp", "failed", "failed",
-                               {"server": problem.server, "problem": problem.message})
+        await self._mcp.start()
+        self._listed = self._mcp.tools()
+        await self._audit_mcp_problems()
 
     async def stop(self) -> None:
         if self._mcp is not None:
             await self._mcp.stop()
+            await self._audit_mcp_problems()
+
+    async def _audit_mcp_problems(self) -> None:
+        """Audit each MCP server that failed to start or was lost since the last look, once."""
+        for problem in self._mcp.problems() if self._mcp else []:
+            if problem not in self._problems_audited:
+                self._problems_audited.add(problem)
+                await self._record("mcp", "failed", "failed",
+                                   {"server": problem.server, "problem": problem.message})
 
     def dynamic_tools(self) -> list[dict[str, Any]]:
         """The dynamic tools offered to Codex: only what the profile grants."""
@@ -191,12 +204,12 @@ class Toolbox:
         if not isinstance(arguments, dict):
             return False, f"arguments for '{qualified}' must be a JSON object"
         result = await self._mcp.call(hosted.server, hosted.name, arguments)
+        await self._audit_mcp_problems()  # a server lost mid-call is a record, not only an error
         return result.success, result.text
 
     def _hosted(self, called: str) -> HostedTool | None:
         """The MCP tool a call names, by its offered (flat) name or its qualified name."""
-        tools = self._mcp.tools() if self._mcp else []
-        return next((t for t in tools if called in (flat_name(t), t.qualified)), None)
+        return next((t for t in self._listed if called in (flat_name(t), t.qualified)), None)
 
     async def _hold(self, call: ToolCall, need: NeedsPerson) -> Proceed | Refuse:
         answer = await self._ask("approval", call.tool, need.question, need.hold_s)
