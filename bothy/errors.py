@@ -4,7 +4,9 @@
     ├── ConfigError            config file missing, unreadable or invalid (exit 78)
     ├── UsageError             a command-line argument that cannot be honoured (exit 64)
     ├── TemporaryFailure       try again later: a lock held, a port taken (exit 75)
+    │   └── ListenerError      a webhook listener cannot bind its host:port
     ├── StateError             the state directory or database cannot be used
+    ├── InboxError             a wake cannot be made durable, or its payload cannot be read
     ├── AuditIntegrityError    the audit chain is broken (names the first bad record)
     ├── CodexNotFoundError     the configured codex command is missing or not executable
     ├── AppServerError         the codex app-server misbehaved or died
@@ -79,3 +81,19 @@ class RpcProtocolError(AppServerError):
 
 class ProcessGroupError(BothyError):
     """A worker's process group could not be started or stopped."""
+
+
+class InboxError(BothyError):
+    """A wake cannot be made durable (disk full, permission, not a directory) or read back.
+
+    The webhook listener answers 503 to it, so the sender retries later.
+    """
+
+
+class ListenerError(TemporaryFailure):
+    """A webhook listener cannot listen on ``host``:``port`` (taken, not permitted)."""
+
+    def __init__(self, message: str, *, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        super().__init__(message)

@@ -49,6 +49,11 @@ class BothyHome:
     def runs_dir(self) -> Path:
         return self.root / "runs"
 
+    @property
+    def inbox_dir(self) -> Path:
+        """Durable wake payloads, one fsynced file per delivery (see ``bothy.wakes.inbox``)."""
+        return self.root / "inbox"
+
     def ensure(self) -> None:
         """Create the state layout (0700 directories). Raise StateError if it cannot be."""
         for directory in (self.root, self.state_dir, self.runs_dir):

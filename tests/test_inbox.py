@@ -1,0 +1,317 @@
+"""The inbox (rule 3, "fsync, then acknowledge"): durable wakes on a real disk and a real database.
+
+A crash is simulated by leaving the disk as a crash would leave it: a payload file whose row
+was never inserted, a temporary file that never got its name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from bothy.clock import to_us
+from bothy.engine.state import StateDB
+from bothy.errors import InboxError
+from bothy.wakes.inbox import (
+    Accepted,
+    Delivery,
+    Duplicate,
+    Inbox,
+    WakeRow,
+    encode_payload_file,
+    payload_name,
+)
+
+T0 = datetime(2026, 9, 24, 10, 14, 2, 118734, tzinfo=UTC)
+DAY_US = 86_400 * 1_000_000
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def _delivery(key: str = "guid-1:hook-1", *, body: bytes = b'{"action":"opened","number":42}',
+              event: str = "pull_request", action: str | None = "opened",
+              received_at: datetime = T0, route: str = "github") -> Delivery:
+    return Delivery(route=route, key=key, event=event, action=action,
+                    headers={"x-github-event": event, "user-agent": "GitHub-Hookshot/a1b2"},
+                    body=body, received_at=received_at)
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[StateDB]:
+    async with StateDB.open(tmp_path / "bothy.sqlite3") as opened:
+        yield opened
+
+
+@pytest.fixture
+def inbox(tmp_path: Path, db: StateDB) -> Inbox:
+    return Inbox(tmp_path / "inbox", db, clock=_Clock())
+
+
+async def _rows(db: StateDB) -> list[WakeRow]:
+    return [WakeRow.from_row(r) for r in await db.fetch_all("SELECT * FROM wakes ORDER BY id")]
+
+
+def _names(inbox: Inbox) -> list[str]:
+    return sorted(p.name for p in inbox.root.iterdir())
+
+
+# -- accept ----------------------------------------------------------------------------------
+
+
+async def test_accepted_delivery_has_a_private_file_and_a_queued_row(inbox: Inbox,
+                                                                     db: StateDB) -> None:
+    """accept returns only once the 0600 file (in a 0700 dir) and its queued row both exist."""
+    outcome = await inbox.accept(_delivery())
+
+    assert isinstance(outcome, Accepted)
+    [row] = await _rows(db)
+    assert (row.id, row.status, row.attempts, row.run_id, row.file) == (
+        outcome.wake_id, "queued", 0, None, payload_name("github", "guid-1:hook-1"))
+    assert row.received_us == row.next_try_us == to_us(T0)
+    assert _names(inbox) == [row.file]  # the temporary name is gone
+    assert stat.S_IMODE((inbox.root / row.file).stat().st_mode) == 0o600
+    assert stat.S_IMODE(inbox.root.stat().st_mode) == 0o700
+
+
+async def test_second_copy_of_a_delivery_is_a_duplicate_of_the_first(inbox: Inbox,
+                                                                     db: StateDB) -> None:
+    """The same route and key again is a Duplicate naming the first wake; nothing is added."""
+    first = await inbox.accept(_delivery())
+    again = await inbox.accept(_delivery())
+
+    assert isinstance(first, Accepted)
+    assert again == Duplicate(first.wake_id)
+    assert len(await _rows(db)) == 1
+    assert len(_names(inbox)) == 1
+
+
+async def test_same_key_on_another_route_is_another_delivery(inbox: Inbox, db: StateDB) -> None:
+    """Dedupe is per route: two routes may use the same delivery id."""
+    await inbox.accept(_delivery(route="github"))
+    other = await inbox.accept(_delivery(route="deploys"))
+
+    assert isinstance(other, Accepted)
+    assert len(await _rows(db)) == 2
+
+
+async def test_many_simultaneous_deliveries_are_each_accepted_once(inbox: Inbox,
+                                                                   db: StateDB) -> None:
+    """Fifty deliveries at once (committed in groups) each get their own wake, in one piece."""
+    outcomes = await asyncio.gather(*(inbox.accept(_delivery(f"guid-{n}:h")) for n in range(50)))
+
+    assert all(isinstance(o, Accepted) for o in outcomes)
+    assert len({o.wake_id for o in outcomes if isinstance(o, Accepted)}) == 50
+    assert len(await _rows(db)) == 50
+    assert len(_names(inbox)) == 50
+
+
+async def test_inbox_that_cannot_be_a_directory_raises_and_queues_nothing(
+    tmp_path: Path, db: StateDB
+) -> None:
+    """When the payload cannot be made durable accept raises InboxError and no row is written."""
+    (tmp_path / "inbox").write_text("a file where the inbox should be\n")
+    inbox = Inbox(tmp_path / "inbox", db, clock=_Clock())
+
+    with pytest.raises(InboxError, match="Cannot make delivery 'guid-1:hook-1'"):
+        await inbox.accept(_delivery())
+
+    assert await _rows(db) == []
+
+
+async def test_file_whose_row_is_missing_is_queued_by_the_senders_retry(inbox: Inbox,
+                                                                        db: StateDB) -> None:
+    """If the first attempt stopped after the file (answered 503), the retry queues it."""
+    await inbox.accept(_delivery())
+    await db.execute("DELETE FROM wakes")
+
+    retried = await inbox.accept(_delivery())
+
+    assert isinstance(retried, Accepted)
+    assert len(await _rows(db)) == 1
+
+
+# -- load ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body", [
+    b'{"title": "caf\xc3\xa9 \xe2\x80\x94 \\u0000 \\"quoted\\"",\r\n  "n": 1}\n',
+    b"\xff\xfe not UTF-8 \x00\x01\x80",
+    b"",
+], ids=["utf8-with-escapes", "binary", "empty"])
+async def test_load_gives_back_the_body_byte_for_byte(inbox: Inbox, db: StateDB,
+                                                      body: bytes) -> None:
+    """What the signature covered is what the dispatcher reads, whatever its bytes."""
+    sent = _delivery(body=body, action=None)
+    await inbox.accept(sent)
+    [row] = await _rows(db)
+
+    loaded = await inbox.load(row)
+
+    assert loaded == sent
+
+
+async def test_load_of_a_damaged_payload_raises_inbox_error(inbox: Inbox, db: StateDB) -> None:
+    """A payload file that is not what accept wrote is reported, not half-read."""
+    await inbox.accept(_delivery())
+    [row] = await _rows(db)
+    (inbox.root / row.file).write_bytes(b'{"version": 1, "route": "gith')
+
+    with pytest.raises(InboxError, match="is damaged"):
+        await inbox.load(row)
+
+
+# -- recover ---------------------------------------------------------------------------------
+
+
+async def test_recover_gives_one_row_to_a_file_left_without_one(inbox: Inbox,
+                                                                db: StateDB) -> None:
+    """A crash between the file and the row: recover queues it once, and only once."""
+    crashed = _delivery("guid-crash:h", received_at=T0 - timedelta(minutes=5))
+    inbox.root.mkdir(mode=0o700)
+    (inbox.root / payload_name("github", crashed.key)).write_bytes(encode_payload_file(crashed))
+    await inbox.accept(_delivery("guid-ok:h"))
+
+    assert await inbox.recover() == 1
+    assert await inbox.recover() == 0
+
+    rows = await _rows(db)
+    assert sorted(r.key for r in rows) == ["guid-crash:h", "guid-ok:h"]
+    due = await inbox.due(to_us(T0))
+    assert [w.key for w in due] == ["guid-crash:h", "guid-ok:h"]  # arrival order, not row order
+    assert await inbox.load(due[0]) == crashed
+
+
+async def test_recover_after_a_lost_row_restores_exactly_one(inbox: Inbox, db: StateDB) -> None:
+    """Deleting a wake's row (as if the commit never happened) and recovering restores one row."""
+    await inbox.accept(_delivery())
+    await db.execute("DELETE FROM wakes")
+
+    assert await inbox.recover() == 1
+
+    [row] = await _rows(db)
+    assert (row.key, row.status) == ("guid-1:hook-1", "queued")
+
+
+async def test_recover_skips_temporary_and_damaged_files(inbox: Inbox, db: StateDB) -> None:
+    """A temporary file (crash before its name) or an unreadable payload is not queued."""
+    inbox.root.mkdir(mode=0o700)
+    (inbox.root / ".tmp-0123456789abcdef").write_bytes(encode_payload_file(_delivery("a:h")))
+    (inbox.root / payload_name("github", "b:h")).write_bytes(b"garbage")
+
+    assert await inbox.recover() == 0
+    assert await _rows(db) == []
+
+
+async def test_recover_of_an_inbox_that_does_not_exist_yet_finds_nothing(inbox: Inbox) -> None:
+    """A fresh home has no inbox directory; recovering it is not an error."""
+    assert await inbox.recover() == 0
+
+
+# -- the dispatcher's side -------------------------------------------------------------------
+
+
+async def test_due_lists_queued_wakes_whose_time_has_come_in_arrival_order(
+    inbox: Inbox, db: StateDB
+) -> None:
+    """due is the queued wakes with next_try_us <= now, oldest delivery first, up to limit."""
+    for n in range(3):
+        await inbox.accept(_delivery(f"k{n}:h", received_at=T0 + timedelta(seconds=n)))
+    _, second, _ = await inbox.due(to_us(T0) + 10_000_000)
+    assert await inbox.claim(second.id)
+    await inbox.retry_later(second.id, next_try_us=to_us(T0) + 60_000_000, note="refused")
+
+    assert [w.key for w in await inbox.due(to_us(T0) + 10_000_000)] == ["k0:h", "k2:h"]
+    assert [w.key for w in await inbox.due(to_us(T0) + 60_000_000)] == ["k0:h", "k1:h", "k2:h"]
+    assert [w.key for w in await inbox.due(to_us(T0) + 60_000_000, limit=1)] == ["k0:h"]
+    assert await inbox.due(to_us(T0) - 1) == []
+
+
+async def test_claim_is_exclusive_across_connections(tmp_path: Path, inbox: Inbox) -> None:
+    """Two daemons (two connections) claiming one wake: exactly one gets it."""
+    outcome = await inbox.accept(_delivery())
+    assert isinstance(outcome, Accepted)
+    async with StateDB.open(tmp_path / "bothy.sqlite3") as other_db:
+        other = Inbox(inbox.root, other_db, clock=_Clock())
+
+        claims = await asyncio.gather(inbox.claim(outcome.wake_id), other.claim(outcome.wake_id),
+                                      inbox.claim(outcome.wake_id))
+
+    assert sorted(claims) == [False, False, True]
+    [running] = await inbox.in_flight()
+    assert (running.id, running.status) == (outcome.wake_id, "running")
+
+
+async def test_retry_later_counts_attempts_and_forgets_the_spent_run(inbox: Inbox) -> None:
+    """Each retry puts the wake back in the queue, adds one attempt and clears its run id."""
+    outcome = await inbox.accept(_delivery())
+    assert isinstance(outcome, Accepted)
+    wake_id = outcome.wake_id
+
+    counts = []
+    for n in range(3):
+        assert await inbox.claim(wake_id)
+        await inbox.set_run(wake_id, f"run_20260924T101402Z_0000000{n}")
+        counts.append(await inbox.retry_later(wake_id, next_try_us=n, note=f"attempt {n + 1}"))
+
+    assert counts == [1, 2, 3]
+    [wake] = await inbox.due(to_us(T0))
+    assert (wake.status, wake.attempts, wake.run_id, wake.note) == ("queued", 3, None, "attempt 3")
+    with pytest.raises(InboxError, match="not running"):
+        await inbox.retry_later(wake_id, next_try_us=0, note="again")
+
+
+async def test_finish_closes_a_wake_once(inbox: Inbox, db: StateDB) -> None:
+    """A wake finishes once, as done, ignored or abandoned; a second finish is an error."""
+    outcome = await inbox.accept(_delivery())
+    assert isinstance(outcome, Accepted)
+    assert await inbox.claim(outcome.wake_id)
+    await inbox.set_run(outcome.wake_id, "run_20260924T101402Z_8d41e7b2")
+
+    await inbox.finish(outcome.wake_id, "done", run_id=None, note="completed")
+
+    [row] = await _rows(db)
+    assert (row.status, row.run_id, row.note, row.finished_us) == (
+        "done", "run_20260924T101402Z_8d41e7b2", "completed", to_us(T0))
+    assert await inbox.in_flight() == []
+    assert not await inbox.claim(outcome.wake_id)
+    with pytest.raises(InboxError, match="not queued or running"):
+        await inbox.finish(outcome.wake_id, "abandoned", run_id=None, note="again")
+    with pytest.raises(ValueError, match="not 'completed'"):
+        await inbox.finish(outcome.wake_id, "completed", run_id=None, note=None)
+
+
+# -- prune -----------------------------------------------------------------------------------
+
+
+async def test_prune_forgets_old_finished_wakes_and_their_files(inbox: Inbox,
+                                                                db: StateDB) -> None:
+    """Old finished wakes lose file and row; queued or recent ones stay; old temp files go."""
+    old = T0 - timedelta(days=8)
+    for key, received_at in (("old-done:h", old), ("old-queued:h", old), ("new-done:h", T0)):
+        await inbox.accept(_delivery(key, received_at=received_at))
+    rows = {r.key: r for r in await _rows(db)}
+    for key in ("old-done:h", "new-done:h"):
+        await inbox.finish(rows[key].id, "done", run_id=None, note=None)
+    stale_temp = inbox.root / ".tmp-stale"
+    stale_temp.write_bytes(b"half")
+    os.utime(stale_temp, (old.timestamp(), old.timestamp()))
+
+    pruned = await inbox.prune(to_us(T0) - 7 * DAY_US)
+
+    assert pruned == 1
+    assert sorted(r.key for r in await _rows(db)) == ["new-done:h", "old-queued:h"]
+    assert _names(inbox) == sorted([rows["new-done:h"].file, rows["old-queued:h"].file])
+    again = await inbox.accept(_delivery("old-done:h"))
+    assert isinstance(again, Accepted)  # forgotten: a redelivery now would be new
