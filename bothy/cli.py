@@ -13,7 +13,13 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from bothy import __version__
-from bothy.errors import BothyError, CodexNotFoundError, ConfigError, UsageError
+from bothy.errors import (
+    BothyError,
+    CodexNotFoundError,
+    ConfigError,
+    TemporaryFailure,
+    UsageError,
+)
 from bothy.exitcodes import ExitCode
 
 
@@ -49,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     answer.add_argument("text", help="yes or no for an approval, free text for a question")
 
     commands.add_parser("checklist", help="print the standing checklist")
+    commands.add_parser("serve", help="run the daemon: webhook listeners and the dispatcher")
 
     profile = commands.add_parser("profile", help="what the configured profiles grant")
     profile_actions = profile.add_subparsers(dest="action", required=True, parser_class=_Parser)
@@ -85,6 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"bothy: {exc}", file=sys.stderr)
         return ExitCode.USAGE
+    except TemporaryFailure as exc:
+        print(f"bothy: temporary failure: {exc}", file=sys.stderr)
+        return ExitCode.TEMPFAIL
     except BothyError as exc:
         print(f"bothy: {exc}", file=sys.stderr)
         return ExitCode.FAILED
@@ -120,6 +130,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         "answer": commands.cmd_answer,
         "checklist": commands.cmd_checklist,
         "profile": commands.cmd_profile,
+        "serve": commands.cmd_serve,
     }[args.command]
     try:
         return int(asyncio.run(handler(args)))

@@ -315,3 +315,10 @@ async def cmd_profile(args: argparse.Namespace) -> int:
         raise UsageError(f"no profile {args.name!r} ({known})")
     print(describe_profile(args.name, cfg.profiles[args.name]))
     return ExitCode.OK
+
+
+async def cmd_serve(args: argparse.Namespace) -> int:
+    from bothy.daemon import Daemon
+
+    home, cfg = _load()
+    return await Daemon(home, cfg).serve()

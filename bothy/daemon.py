@@ -1,0 +1,186 @@
+"""``bothy serve``: the long-running process. Wires the parts; holds none of their logic.
+
+Start-up, in order: single-instance lock → state → audit → recovery (orphaned worker groups
+ended, wakes that never started queued again, wakes whose run was under way closed) →
+listeners → dispatcher. Shutdown runs in reverse: stop intake (listeners, then the
+dispatcher's intake) → let in-flight runs finish within ``wakes.shutdown_grace_s`` → ask them
+to stop (they interrupt, settle and reap their groups) → cancel what is left → final audit
+record. A second signal skips the waits. Signal handlers only record; the main task acts.
+
+Exit codes (see docs/RUNBOOK.md): 0 clean stop; 75 temporary (another instance holds the
+lock, a port is taken); 78 configuration (raised as ConfigError before anything starts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import fcntl
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+from bothy.config import Config
+from bothy.errors import ConfigError, TemporaryFailure
+from bothy.home import BothyHome
+from bothy.runtime import Runtime
+from bothy.wakes.dispatcher import Dispatcher
+from bothy.wakes.inbox import Inbox
+from bothy.wakes.webhook import WebhookListener
+
+_LISTEN_HOST = "127.0.0.1"  # Tailscale (serve / funnel) carries outside traffic to loopback
+_STOP_WAIT_S = 30.0
+
+
+class State(enum.StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    EXITED = "exited"
+
+
+class Daemon:
+    """One ``bothy serve`` process."""
+
+    def __init__(self, home: BothyHome, cfg: Config) -> None:
+        self._home = home
+        self._cfg = cfg
+        self.state = State.STARTING
+        self._stop = asyncio.Event()
+        self._hurry = asyncio.Event()
+        self.ports: dict[str, int] = {}
+
+    async def serve(self) -> int:
+        """Run until a stop signal; return the exit code of a clean stop."""
+        _check_secrets(self._cfg)
+        self._home.ensure()
+        with _single_instance(self._home.state_dir / "serve.lock"):
+            async with Runtime.open(self._home, self._cfg) as rt:
+                return await self._serve(rt)
+
+    async def _serve(self, rt: Runtime) -> int:
+        supervisor = rt.supervisor()
+        inbox = Inbox(self._home.inbox_dir, rt.db, clock=rt.clock)
+        await rt.audit.record("serve", "starting", "ok",
+                              details={"pid": os.getpid(), "site": self._cfg.site})
+        recovered = await supervisor.recovery.sweep()
+        requeued = await self._recover_wakes(rt, inbox)
+        dispatcher = Dispatcher(self._cfg, inbox=inbox, supervisor=supervisor, audit=rt.audit,
+                                clock=rt.clock)
+        listeners = await self._listen(rt, inbox, dispatcher)
+        self._on_signals()
+        await rt.audit.record("serve", "ready", "ok", details={
+            "ports": self.ports, "orphans_ended": len(recovered), "wakes_requeued": requeued,
+        })
+        self.state = State.READY
+        async with asyncio.TaskGroup() as group:
+            intake = group.create_task(dispatcher.run(), name="dispatcher")
+            await self._stop.wait()
+            self.state = State.DRAINING
+            for listener in listeners:
+                await listener.stop()
+            dispatcher.stop_intake()
+            await intake
+            await self._drain(dispatcher, supervisor.stopping)
+        await rt.audit.record("serve", "stopped", "ok", details={"pid": os.getpid()})
+        self.state = State.EXITED
+        return 0
+
+    async def _listen(
+        self, rt: Runtime, inbox: Inbox, dispatcher: Dispatcher
+    ) -> list[WebhookListener]:
+        listeners = []
+        doors = [("tailnet", False, self._cfg.listen.tailnet_port)]
+        if self._cfg.listen.public_port is not None:
+            doors.append(("public", True, self._cfg.listen.public_port))
+        for name, public, port in doors:
+            listener = WebhookListener(self._cfg.webhooks, public=public, inbox=inbox,
+                                       audit=rt.audit, environ=os.environ, clock=rt.clock,
+                                       on_accepted=dispatcher.poke)
+            self.ports[name] = await listener.start(_LISTEN_HOST, port)
+            listeners.append(listener)
+        return listeners
+
+    async def _drain(self, dispatcher: Dispatcher, stopping: asyncio.Event) -> None:
+        grace_s = self._cfg.wakes.shutdown_grace_s
+        if not self._hurry.is_set() and await _first(dispatcher.drain(grace_s), self._hurry):
+            return
+        stopping.set()  # runs interrupt their turns, settle and reap their groups
+        if not self._hurry.is_set():
+            await _first(dispatcher.drain(_STOP_WAIT_S), self._hurry)
+        await dispatcher.cancel_all()
+
+    async def _recover_wakes(self, rt: Runtime, inbox: Inbox) -> int:
+        """Wakes left ``running`` by a dead daemon: requeue those whose run never started."""
+        await inbox.recover()
+        requeued = 0
+        for wake in await inbox.in_flight():
+            row = await rt.db.run(wake.run_id) if wake.run_id else None
+            if row is None:
+                await inbox.retry_later(wake.id, next_try_us=0,
+                                        note="bothy stopped before its run was admitted")
+                requeued += 1
+                continue
+            note = f"bothy stopped while its run was {row.status}; run {row.outcome or 'failed'}"
+            await inbox.finish(wake.id, "done", run_id=row.run_id, note=note)
+            await rt.audit.record("wake", "interrupted", "failed", subject=row.subject,
+                                  run_id=row.run_id, details={"delivery": wake.key,
+                                                              "note": note})
+        return requeued
+
+    def _on_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            if self._stop.is_set():
+                self._hurry.set()
+            self._stop.set()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, on_signal)
+
+
+async def _first(work: object, hurry: asyncio.Event) -> bool:
+    """Await ``work`` (a coroutine returning bool) unless ``hurry`` is set first."""
+    assert asyncio.iscoroutine(work)
+    task = asyncio.ensure_future(work)
+    hurried = asyncio.ensure_future(hurry.wait())
+    done, _ = await asyncio.wait({task, hurried}, return_when=asyncio.FIRST_COMPLETED)
+    hurried.cancel()
+    if task in done:
+        return bool(task.result())
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return False
+
+
+def _check_secrets(cfg: Config) -> None:
+    for name, route in cfg.webhooks.items():
+        if not any(os.environ.get(var) for var in route.secret_env):
+            names = ", ".join(route.secret_env)
+            raise ConfigError(
+                f"webhooks.{name}.secret_env: none of {names} is set in the environment; a"
+                " route without its secret would refuse every delivery",
+                key=f"webhooks.{name}.secret_env",
+            )
+
+
+@contextlib.contextmanager
+def _single_instance(lock_path: Path) -> Iterator[None]:
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise TemporaryFailure(
+                f"another bothy serve (pid {holder}) holds {lock_path}; not starting a second"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)

@@ -1,0 +1,157 @@
+"""The dispatcher: durable wakes from the inbox become runs, once each.
+
+It takes queued wakes in arrival order, claims each one (so two daemons never run the same
+wake), records ``wake received``, matches the delivery to a job and hands the run request to
+the supervisor, whose lanes keep ``pr:42`` deliveries one after another. A wake refused at a
+gate is an event (rule 4): it is retried later with a doubling delay, counted, and after
+``wakes.max_attempts`` abandoned out loud. A wake that matches no job is recorded as ignored.
+
+Each wake's run id is minted here and stored before the run is admitted, so that after a crash
+the daemon can tell a wake whose run never started (run it) from one whose run was under way
+(recovered as failed, never run twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from bothy.clock import Clock, from_us, to_us
+from bothy.config import Config, WebhookRoute
+from bothy.engine.audit import AuditLog
+from bothy.engine.framing import new_token
+from bothy.engine.supervisor import RunRequest, Supervisor, new_run_id
+from bothy.money import usd_to_micros
+from bothy.wakes.inbox import Inbox, WakeRow
+from bothy.wakes.jobs import Ignored, decode_payload, match
+
+_IDLE_POLL_S = 1.0  # retries fall due without anyone poking the dispatcher
+
+
+class Dispatcher:
+    """Runs queued wakes; one task per wake, owned by the dispatcher's task group."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        inbox: Inbox,
+        supervisor: Supervisor,
+        audit: AuditLog,
+        clock: Clock,
+    ) -> None:
+        self._cfg = cfg
+        self._routes: Mapping[str, WebhookRoute] = cfg.webhooks
+        self._inbox = inbox
+        self._supervisor = supervisor
+        self._audit = audit
+        self._clock = clock
+        self._poke = asyncio.Event()
+        self._intake = True
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def poke(self) -> None:
+        """A new wake is in the inbox: look now rather than at the next poll."""
+        self._poke.set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    async def run(self) -> None:
+        """Take wakes until :meth:`stop_intake`; the caller owns the task this runs in."""
+        while self._intake:
+            for wake in await self._inbox.due(to_us(self._clock())):
+                if not self._intake:
+                    break
+                if await self._inbox.claim(wake.id):
+                    task = asyncio.create_task(self._handle(wake), name=f"wake-{wake.id}")
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+            self._poke.clear()
+            try:
+                async with asyncio.timeout(_IDLE_POLL_S):
+                    await self._poke.wait()
+            except TimeoutError:
+                pass
+
+    def stop_intake(self) -> None:
+        self._intake = False
+        self._poke.set()
+
+    async def drain(self, grace_s: float) -> bool:
+        """Wait for in-flight wakes to finish; True if they all did within ``grace_s``."""
+        if not self._tasks:
+            return True
+        _, pending = await asyncio.wait(set(self._tasks), timeout=grace_s)
+        return not pending
+
+    async def cancel_all(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _handle(self, wake: WakeRow) -> None:
+        delivery = await self._inbox.load(wake)
+        run_id = new_run_id(self._clock)  # a fresh id per attempt: a refused id is spent
+        details = {"route": wake.route, "event": wake.event, "action": wake.action,
+                   "delivery": wake.key, "received_at": from_us(wake.received_us).isoformat(),
+                   "attempt": wake.attempts + 1}
+        route = self._routes.get(wake.route)
+        payload = decode_payload(delivery.body)
+        if route is None or payload is None:
+            why = "its route is no longer configured" if route is None else "not a JSON object"
+            await self._ignore(wake, run_id, details, why)
+            return
+        matched = match(wake.route, route, wake.event, wake.action, payload, token=new_token())
+        if isinstance(matched, Ignored):
+            await self._ignore(wake, run_id, details, matched.reason)
+            return
+        job = matched.job
+        request = RunRequest(
+            prompt=matched.prompt,
+            subject=matched.subject,
+            source="webhook",
+            max_usd_micros=usd_to_micros(job.max_usd or self._cfg.budget.per_run_usd),
+            wall_clock_s=self._cfg.limits.wall_clock_s,
+            max_tokens=self._cfg.limits.max_tokens,
+            profile=job.profile,
+            trusted=False,  # a signature authenticates the sender, not the content
+            can_hold=False,  # nobody is in a thread to answer: questions decline at once
+            run_id=run_id,
+            wake_details=details,
+        )
+        await self._inbox.set_run(wake.id, run_id)
+        result = await self._supervisor.execute(request)
+        if result.outcome == "refused":
+            await self._refused(wake, result.reason or "refused", details)
+            return
+        await self._inbox.finish(wake.id, "done", run_id=run_id, note=result.outcome)
+
+    async def _ignore(
+        self, wake: WakeRow, run_id: str, details: dict[str, Any], reason: str
+    ) -> None:
+        await self._audit.record("wake", "ignored", "refused", subject=wake.route,
+                                 run_id=None, details={**details, "reason": reason})
+        await self._inbox.finish(wake.id, "ignored", run_id=None, note=reason)
+
+    async def _refused(self, wake: WakeRow, reason: str, details: dict[str, Any]) -> None:
+        wakes = self._cfg.wakes
+        attempts = wake.attempts + 1
+        if attempts >= wakes.max_attempts:
+            note = f"abandoned after {attempts} attempts: {reason}"
+            await self._inbox.finish(wake.id, "abandoned", run_id=None, note=note)
+            await self._audit.record("wake", "abandoned", "failed", subject=wake.route,
+                                     details={**details, "reason": note})
+            await self._audit.record("alert", "undelivered", "failed", subject=wake.route,
+                                     details={"about": f"wake {wake.key}", "reason": note,
+                                              "route": "none configured"})
+            return
+        delay_s = min(wakes.retry_first_s * 2 ** (attempts - 1), wakes.retry_max_s)
+        next_try_us = to_us(self._clock()) + int(delay_s * 1_000_000)
+        await self._inbox.retry_later(wake.id, next_try_us=next_try_us,
+                                      note=f"attempt {attempts} refused: {reason}")
+        await self._audit.record("wake", "deferred", "pending", subject=wake.route,
+                                 details={**details, "reason": reason, "retry_in_s": delay_s})
