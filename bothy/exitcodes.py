@@ -22,6 +22,8 @@ class ExitCode(enum.IntEnum):
 
 OUTCOME_EXIT = {
     "completed": ExitCode.OK,
+    "verified": ExitCode.OK,
+    "unverified": ExitCode.FAILED,
     "failed": ExitCode.FAILED,
     "refused": ExitCode.REFUSED,
     "timed_out": ExitCode.LIMIT,

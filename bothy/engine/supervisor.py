@@ -32,6 +32,7 @@ from bothy.engine.rpc import ConnectionLost, Notification, ServerRequest
 from bothy.engine.state import StateDB
 from bothy.engine.toolbox import RunScope, Toolbox
 from bothy.engine.verdicts import ApprovalStore
+from bothy.engine.verification import Verification, verification_failure
 from bothy.engine.worker import Worker
 from bothy.errors import AppServerError, ProcessGroupError, RpcProtocolError
 from bothy.money import format_usd
@@ -57,6 +58,7 @@ class RunRequest:
     can_hold: bool = False  # a person can be asked and the run may wait for them
     run_id: str | None = None  # minted by the caller when it must know it before admission
     wake_details: dict[str, Any] = field(default_factory=dict)  # for the `wake received` record
+    verify: Verification | None = None  # ends the run `verified` or `unverified`
 
 
 @dataclass(frozen=True)
@@ -320,11 +322,55 @@ class Supervisor:
                      admitted.reserved_micros)
         watcher = asyncio.create_task(self._watch(run_id, inbox))
         try:
-            return await self._stream(turn, request, worker, inbox, progress, toolbox, deadline)
+            ended = await self._stream(turn, request, worker, inbox, progress, toolbox, deadline)
+            if request.verify is None or ended[0] != "completed":
+                return ended
+            return await self._verify_loop(turn, request, worker, inbox, progress, toolbox,
+                                           deadline, ended)
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+
+    async def _verify_loop(
+        self,
+        turn: _Turn,
+        request: RunRequest,
+        worker: Worker,
+        inbox: asyncio.Queue[Any],
+        progress: Progress,
+        toolbox: Toolbox,
+        deadline: float,
+        ended: tuple[str, str | None, str],
+    ) -> tuple[str, str | None, str]:
+        """Check the run's own work; on failure, a new turn is told what failed (≤ N tries)."""
+        check = request.verify
+        assert check is not None
+        for attempt in range(1, check.max_attempts + 1):
+            failure = await verification_failure(check, ended[2], self._cfg.workspace,
+                                                 env=self._launch.env)
+            if failure is None:
+                await self._audit.record("run", "verified", "ok", subject=turn.subject,
+                                         run_id=turn.run_id, details={"attempt": attempt})
+                return "verified", None, ended[2]
+            await self._audit.record("run", "verification-failed", "failed",
+                                     subject=turn.subject, run_id=turn.run_id,
+                                     details={"attempt": attempt, "failure": failure})
+            if attempt == check.max_attempts:
+                break
+            turn.turn_id = await worker.start_turn(turn.thread_id, (
+                f"Verification of your work failed (attempt {attempt} of"
+                f" {check.max_attempts}): {failure}\nFix it, then finish again."
+            ))
+            ended = await self._stream(turn, request, worker, inbox, progress, toolbox, deadline)
+            if ended[0] != "completed":
+                return ended
+        reason = f"still failing verification after {check.max_attempts} attempts: {failure}"
+        await self._audit.record("alert", "undelivered", "failed", subject=turn.subject,
+                                 run_id=turn.run_id, details={"about": "unverified run",
+                                                              "reason": reason,
+                                                              "route": "none configured"})
+        return "unverified", reason, ended[2]
 
     async def _turn_started(
         self, run_id: str, subject: str, model: str, turn_id: str, worker: Worker
