@@ -34,7 +34,8 @@ def _load() -> tuple[BothyHome, Config]:
 
 async def cmd_run(args: argparse.Namespace) -> int:
     from bothy.engine.questions import QuestionBoard
-    from bothy.engine.supervisor import RunRequest, workspace_problem
+    from bothy.engine.run import RunRequest
+    from bothy.engine.supervisor import workspace_problem
     from bothy.money import format_usd
     from bothy.runtime import Runtime
 

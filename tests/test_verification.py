@@ -9,7 +9,7 @@ import pytest
 
 from bothy.config import load_config
 from bothy.engine.audit import AuditLog
-from bothy.engine.supervisor import RunRequest, RunResult
+from bothy.engine.run import RunRequest, RunResult
 from bothy.engine.verification import Verification
 from bothy.home import BothyHome
 from bothy.runtime import Runtime

@@ -12,10 +12,9 @@ import contextlib
 import json
 import os
 import re
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from bothy.clock import Clock
 from bothy.config import Config, Price
@@ -29,70 +28,18 @@ from bothy.engine.procgroup import GroupRecord, process_start_time
 from bothy.engine.questions import QuestionBoard
 from bothy.engine.recovery import Recovery
 from bothy.engine.rpc import ConnectionLost, Notification, ServerRequest
+from bothy.engine.run import Progress, RunRequest, RunResult, SilentProgress, new_run_id
 from bothy.engine.state import StateDB
 from bothy.engine.toolbox import RunScope, Toolbox
 from bothy.engine.verdicts import ApprovalStore
-from bothy.engine.verification import Verification, verification_failure
+from bothy.engine.verification import verification_failure
 from bothy.engine.worker import Worker
 from bothy.errors import AppServerError, ProcessGroupError, RpcProtocolError
 from bothy.money import format_usd
 
-NO_REPLY = "NO_REPLY"
 FINAL_TEXT_MAX_CHARS = 20_000
 _WATCH_INTERVAL_S = 0.25
 _REFRESH_EVERY_S = 5.0
-
-
-@dataclass(frozen=True)
-class RunRequest:
-    """What was asked, and the limits it runs under."""
-
-    prompt: str
-    subject: str
-    source: str
-    max_usd_micros: int
-    wall_clock_s: int
-    max_tokens: int | None = None
-    profile: str | None = None  # a name in config's profiles; None grants nothing
-    trusted: bool = True  # False for runs woken by webhooks and polls (rule 6)
-    can_hold: bool = False  # a person can be asked and the run may wait for them
-    run_id: str | None = None  # minted by the caller when it must know it before admission
-    wake_details: dict[str, Any] = field(default_factory=dict)  # for the `wake received` record
-    verify: Verification | None = None  # ends the run `verified` or `unverified`
-
-
-@dataclass(frozen=True)
-class RunResult:
-    run_id: str
-    outcome: str
-    cost_micros: int
-    final_text: str
-    reason: str | None = None
-
-    @property
-    def answer(self) -> str:
-        """The text to show a person: never ``NO_REPLY``."""
-        return "" if self.final_text.strip() == NO_REPLY else self.final_text
-
-
-class Progress(Protocol):
-    """What a foreground run shows while it works."""
-
-    def admitted(self, run_id: str) -> None: ...
-    def waiting(self, reason: str) -> None: ...
-    def started(self, run_id: str, pid: int) -> None: ...
-    def text(self, delta: str) -> None: ...
-    def usage(self, tokens: int, cost_micros: int) -> None: ...
-    def question(self, run_id: str, text: str) -> None: ...
-
-
-class SilentProgress:
-    def admitted(self, run_id: str) -> None: ...
-    def waiting(self, reason: str) -> None: ...
-    def started(self, run_id: str, pid: int) -> None: ...
-    def text(self, delta: str) -> None: ...
-    def usage(self, tokens: int, cost_micros: int) -> None: ...
-    def question(self, run_id: str, text: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -118,11 +65,6 @@ class _Turn:
     cost_micros: int = 0
     error: str | None = None
     notes: list[str] = field(default_factory=list)
-
-
-def new_run_id(clock: Clock) -> str:
-    """``run_YYYYMMDDTHHMMSSZ_<8 hex>``."""
-    return f"run_{clock():%Y%m%dT%H%M%SZ}_{secrets.token_hex(4)}"
 
 
 class Supervisor:

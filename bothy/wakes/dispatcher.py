@@ -21,7 +21,8 @@ from bothy.clock import Clock, from_us, to_us
 from bothy.config import Config, WebhookRoute
 from bothy.engine.audit import AuditLog
 from bothy.engine.framing import new_token
-from bothy.engine.supervisor import RunRequest, Supervisor, new_run_id
+from bothy.engine.run import RunRequest, new_run_id
+from bothy.engine.supervisor import Supervisor
 from bothy.money import usd_to_micros
 from bothy.wakes.inbox import Inbox, WakeRow
 from bothy.wakes.jobs import Ignored, decode_payload, match
