@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from bothy import __version__
 from bothy.errors import (
@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     show = profile_actions.add_parser("show", help="the resolved grant of one profile")
     show.add_argument("name")
 
+    _schedule_parser(commands)
+    _sop_parser(commands)
+
     status = commands.add_parser("status", help="what is running, queued and spent")
     status.add_argument("--json", action="store_true")
 
@@ -77,6 +80,45 @@ def _parser() -> argparse.ArgumentParser:
 
     commands.add_parser("doctor", help="check this installation, one line per check")
     return parser
+
+
+def _schedule_parser(commands: Any) -> None:
+    schedule = commands.add_parser("schedule", help="cron wakes run by bothy serve")
+    actions = schedule.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    add = actions.add_parser("add", help="add a schedule (cron in budget.timezone)")
+    add.add_argument("name", help="a short name: letters, digits, '-' or '_'")
+    add.add_argument("--cron", required=True,
+                     help='crontab: minute hour day-of-month month day-of-week, e.g. "0 3 * * *"'
+                          " (days of week by name: mon-fri)")
+    what = add.add_mutually_exclusive_group(required=True)
+    what.add_argument("--prompt", help="run this prompt")
+    what.add_argument("--sop", help="follow this written procedure (see bothy sop list)")
+    what.add_argument("--heartbeat", action="store_true",
+                      help="look over the standing checklist; NO_REPLY when all is well")
+    add.add_argument("--profile", help="grant the tools of this profile")
+    check = add.add_mutually_exclusive_group()
+    check.add_argument("--verify-cmd", metavar="ARGV",
+                       help="verify the work with this command (split like a shell; exit 0 = good)")
+    check.add_argument("--verify-regex", metavar="RE",
+                       help="verify that the final answer matches this regular expression")
+    add.add_argument("--max-usd", help="reserve this much per fire instead of budget.per_run_usd")
+    actions.add_parser("list", help="one line per schedule, with its next fire")
+    remove = actions.add_parser("rm", help="remove a schedule")
+    remove.add_argument("name")
+    run_now = actions.add_parser("run", help="run a schedule now, in the foreground")
+    run_now.add_argument("name")
+
+
+def _sop_parser(commands: Any) -> None:
+    sop = commands.add_parser("sop", help="written procedures that schedules can follow")
+    actions = sop.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    actions.add_parser("list", help="one line per SOP")
+    show = actions.add_parser("show", help="print one SOP")
+    show.add_argument("name")
+    put = actions.add_parser("set", help="write an SOP from a file, or '-' for standard input")
+    put.add_argument("name")
+    put.add_argument("stdin", nargs="?", metavar="-", help="read the text from standard input")
+    put.add_argument("--file", help="read the text from this file")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -131,6 +173,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         "checklist": commands.cmd_checklist,
         "profile": commands.cmd_profile,
         "serve": commands.cmd_serve,
+        "schedule": commands.cmd_schedule,
+        "sop": commands.cmd_sop,
     }[args.command]
     try:
         return int(asyncio.run(handler(args)))

@@ -238,13 +238,15 @@ class WebhookRoute(_Section):
 
 
 class WakesConfig(_Section):
-    """How wakes that cannot start now are retried, and when they are given up."""
+    """How wakes that cannot start now are retried, and when they are given up; how late a
+    schedule missed while the daemon was down may still fire."""
 
     max_attempts: int = Field(default=5, ge=1, le=100)
     retry_first_s: float = Field(default=30.0, gt=0)
     retry_max_s: float = Field(default=900.0, gt=0)
     keep_deliveries_days: int = Field(default=7, ge=3, le=90)
     shutdown_grace_s: float = Field(default=20.0, gt=0, le=600)
+    missed_fire_grace_s: int = Field(default=3600, ge=60, le=86400)
 
 
 class Config(_Section):

@@ -2,7 +2,8 @@
 
 Start-up, in order: single-instance lock → state → audit → recovery (orphaned worker groups
 ended, wakes that never started queued again, wakes whose run was under way closed) →
-listeners → dispatcher. Shutdown runs in reverse: stop intake (listeners, then the
+listeners → dispatcher → schedules (a fire missed while down is queued once, then the timers
+start). Shutdown runs in reverse: stop intake (listeners, the schedule timers, then the
 dispatcher's intake) → let in-flight runs finish within ``wakes.shutdown_grace_s`` → ask them
 to stop (they interrupt, settle and reap their groups) → cancel what is left → final audit
 record. A second signal skips the waits. Signal handlers only record; the main task acts.
@@ -28,6 +29,7 @@ from bothy.home import BothyHome
 from bothy.runtime import Runtime
 from bothy.wakes.dispatcher import Dispatcher
 from bothy.wakes.inbox import Inbox
+from bothy.wakes.schedules import ScheduleRunner, ScheduleStore
 from bothy.wakes.webhook import WebhookListener
 
 _LISTEN_HOST = "127.0.0.1"  # Tailscale (serve / funnel) carries outside traffic to loopback
@@ -68,11 +70,18 @@ class Daemon:
         recovered = await supervisor.recovery.sweep()
         requeued = await self._recover_wakes(rt, inbox)
         dispatcher = Dispatcher(self._cfg, inbox=inbox, supervisor=supervisor, audit=rt.audit,
-                                clock=rt.clock)
+                                clock=rt.clock, home=self._home)
         listeners = await self._listen(rt, inbox, dispatcher)
+        schedules = ScheduleRunner(
+            ScheduleStore(rt.db, timezone=self._cfg.budget.timezone, clock=rt.clock), inbox,
+            audit=rt.audit, grace_s=self._cfg.wakes.missed_fire_grace_s, clock=rt.clock,
+            on_enqueued=dispatcher.poke,
+        )
+        missed = await schedules.start()  # queued now, taken once the dispatcher runs below
         self._on_signals()
         await rt.audit.record("serve", "ready", "ok", details={
             "ports": self.ports, "orphans_ended": len(recovered), "wakes_requeued": requeued,
+            "schedules": len(schedules.next_fires()), "missed_fires_queued": missed,
         })
         self.state = State.READY
         async with asyncio.TaskGroup() as group:
@@ -81,6 +90,7 @@ class Daemon:
             self.state = State.DRAINING
             for listener in listeners:
                 await listener.stop()
+            await schedules.stop()
             dispatcher.stop_intake()
             await intake
             await self._drain(dispatcher, supervisor.stopping)
@@ -118,9 +128,12 @@ class Daemon:
         requeued = 0
         for wake in await inbox.in_flight():
             row = await rt.db.run(wake.run_id) if wake.run_id else None
-            if row is None:
+            if row is None or row.started_us is None:
+                # Never admitted, or admitted but still waiting for a slot (the sweep closed
+                # that run id, spending nothing): the wake never ran, so it runs now.
+                stage = "admitted" if row is None else "given a worker slot"
                 await inbox.retry_later(wake.id, next_try_us=0,
-                                        note="bothy stopped before its run was admitted")
+                                        note=f"bothy stopped before its run was {stage}")
                 requeued += 1
                 continue
             note = f"bothy stopped while its run was {row.status}; run {row.outcome or 'failed'}"

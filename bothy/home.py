@@ -54,6 +54,11 @@ class BothyHome:
         """Durable wake payloads, one fsynced file per delivery (see ``bothy.wakes.inbox``)."""
         return self.root / "inbox"
 
+    @property
+    def sops_dir(self) -> Path:
+        """Written procedures, one ``NAME.md`` each (``bothy sop``; ``schedule add --sop``)."""
+        return self.root / "sops"
+
     def ensure(self) -> None:
         """Create the state layout (0700 directories). Raise StateError if it cannot be."""
         for directory in (self.root, self.state_dir, self.runs_dir):

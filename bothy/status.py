@@ -85,7 +85,7 @@ def _collect(home: BothyHome, view: StatusView, now: datetime) -> dict[str, Any]
         "running": [],
         "queued": {},
         "held_by_crashed_runs": [],
-        "schedules": "not built yet",
+        "schedules": [],
         "chat": "not built yet",
     }
     if not home.db_path.exists():
@@ -94,6 +94,7 @@ def _collect(home: BothyHome, view: StatusView, now: datetime) -> dict[str, Any]
     db.row_factory = sqlite3.Row
     try:
         _fill(db, report, day, to_us(now))
+        report["schedules"] = _schedules(db, ZoneInfo(view.timezone), to_us(now))
     finally:
         db.close()
     return report
@@ -121,6 +122,32 @@ def _fill(db: sqlite3.Connection, report: dict[str, Any], day: str, now_us: int)
                 "expires_at": from_us(row["expires_us"]).isoformat(),
             })
     report["reserved_usd"] = format_usd(reserved, 4)
+
+
+def _schedules(db: sqlite3.Connection, zone: ZoneInfo, now_us: int) -> list[dict[str, Any]]:
+    """Each schedule with its next fire as ``bothy serve`` last computed it (evaluating cron
+    here would mean importing APScheduler). A next fire in the past means nobody fired it."""
+    try:
+        rows = db.execute("SELECT name, cron, kind, sop, last_fire_us, next_fire_us"
+                          " FROM schedules ORDER BY name").fetchall()
+    except sqlite3.OperationalError:  # a database from before schedules: none yet
+        return []
+    found = []
+    for row in rows:
+        upcoming = row["next_fire_us"]
+        found.append({
+            "name": row["name"],
+            "cron": row["cron"],
+            "what": f"sop:{row['sop']}" if row["kind"] == "sop" else row["kind"],
+            "next_fire": _local(upcoming, zone),
+            "overdue": upcoming is not None and upcoming < now_us,
+            "last_fire": _local(row["last_fire_us"], zone),
+        })
+    return found
+
+
+def _local(micros: int | None, zone: ZoneInfo) -> str | None:
+    return from_us(micros).astimezone(zone).isoformat(timespec="minutes") if micros else None
 
 
 def _running(row: sqlite3.Row, now_us: int) -> dict[str, Any]:
@@ -157,6 +184,12 @@ def render_status(report: dict[str, Any]) -> str:
             f"held by a crashed run: {held['run_id']} {held['held_usd']} usd until"
             f" {held['expires_at']}"
         )
-    lines.append(f"schedules: {report['schedules']}")
+    lines.append(f"schedules: {len(report['schedules'])}")
+    for schedule in report["schedules"]:
+        when = f"next {schedule['next_fire'] or 'never'}"
+        if schedule["overdue"]:
+            when = f"due {schedule['next_fire']}, not fired (is bothy serve running?)"
+        last = f"  last {schedule['last_fire']}" if schedule["last_fire"] else ""
+        lines.append(f"  {schedule['name']}  {schedule['cron']}  {schedule['what']}  {when}{last}")
     lines.append(f"chat connections: {report['chat']}")
     return "\n".join(lines)

@@ -24,7 +24,7 @@ import aiosqlite
 
 from bothy.errors import StateError
 
-_SCHEMA_VERSION = 3
+_SCHEMA_VERSION = 4
 _BUSY_TIMEOUT_MS = 30_000
 
 _SCHEMA = """
@@ -113,6 +113,20 @@ CREATE TABLE IF NOT EXISTS wakes (
     UNIQUE (source, route, key)
 );
 CREATE INDEX IF NOT EXISTS wakes_by_status ON wakes (status, received_us);
+CREATE TABLE IF NOT EXISTS schedules (
+    name           TEXT PRIMARY KEY,
+    cron           TEXT NOT NULL,
+    kind           TEXT NOT NULL CHECK (kind IN ('prompt', 'sop', 'heartbeat')),
+    prompt         TEXT,
+    sop            TEXT,
+    profile        TEXT,
+    verify_argv    TEXT,  -- a JSON list of strings
+    verify_regex   TEXT,
+    max_usd_micros INTEGER,
+    created_us     INTEGER NOT NULL,
+    last_fire_us   INTEGER,
+    next_fire_us   INTEGER
+);
 """
 
 

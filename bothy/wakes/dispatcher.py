@@ -1,10 +1,12 @@
 """The dispatcher: durable wakes from the inbox become runs, once each.
 
 It takes queued wakes in arrival order, claims each one (so two daemons never run the same
-wake), records ``wake received``, matches the delivery to a job and hands the run request to
-the supervisor, whose lanes keep ``pr:42`` deliveries one after another. A wake refused at a
-gate is an event (rule 4): it is retried later with a doubling delay, counted, and after
-``wakes.max_attempts`` abandoned out loud. A wake that matches no job is recorded as ignored.
+wake), records ``wake received``, turns the wake into a run request — a webhook delivery
+matched to its route's job (untrusted), a schedule's fire built from the schedule's snapshot
+(trusted: the operator wrote it) — and hands it to the supervisor, whose lanes keep ``pr:42``
+deliveries one after another. A wake refused at a gate is an event (rule 4): it is retried
+later with a doubling delay, counted, and after ``wakes.max_attempts`` abandoned out loud. A
+wake that matches no job (or a schedule whose SOP is gone) is recorded as ignored.
 
 Each wake's run id is minted here and stored before the run is admitted, so that after a crash
 the daemon can tell a wake whose run never started (run it) from one whose run was under way
@@ -23,8 +25,10 @@ from bothy.engine.audit import AuditLog
 from bothy.engine.framing import new_token
 from bothy.engine.run import RunRequest, new_run_id
 from bothy.engine.supervisor import Supervisor
+from bothy.home import BothyHome
 from bothy.money import usd_to_micros
-from bothy.wakes.inbox import Inbox, WakeRow
+from bothy.wakes import schedules
+from bothy.wakes.inbox import Delivery, Inbox, WakeRow
 from bothy.wakes.jobs import Ignored, decode_payload, match
 
 _IDLE_POLL_S = 1.0  # retries fall due without anyone poking the dispatcher
@@ -41,8 +45,10 @@ class Dispatcher:
         supervisor: Supervisor,
         audit: AuditLog,
         clock: Clock,
+        home: BothyHome,
     ) -> None:
         self._cfg = cfg
+        self._home = home
         self._routes: Mapping[str, WebhookRoute] = cfg.webhooks
         self._inbox = inbox
         self._supervisor = supervisor
@@ -100,18 +106,33 @@ class Dispatcher:
         details = {"route": wake.route, "event": wake.event, "action": wake.action,
                    "delivery": wake.key, "received_at": from_us(wake.received_us).isoformat(),
                    "attempt": wake.attempts + 1}
+        if wake.source == schedules.SOURCE:
+            request = await self._scheduled(delivery, run_id, details)
+        else:
+            request = self._delivered(wake, delivery, run_id, details)
+        if isinstance(request, str):
+            await self._ignore(wake, run_id, details, request)
+            return
+        await self._inbox.set_run(wake.id, run_id)
+        result = await self._supervisor.execute(request)
+        if result.outcome == "refused":
+            await self._refused(wake, result.reason or "refused", details)
+            return
+        await self._inbox.finish(wake.id, "done", run_id=run_id, note=result.outcome)
+
+    def _delivered(
+        self, wake: WakeRow, delivery: Delivery, run_id: str, details: dict[str, Any]
+    ) -> RunRequest | str:
+        """A webhook delivery's run, or why it wakes none."""
         route = self._routes.get(wake.route)
         payload = decode_payload(delivery.body)
         if route is None or payload is None:
-            why = "its route is no longer configured" if route is None else "not a JSON object"
-            await self._ignore(wake, run_id, details, why)
-            return
+            return "its route is no longer configured" if route is None else "not a JSON object"
         matched = match(wake.route, route, wake.event, wake.action, payload, token=new_token())
         if isinstance(matched, Ignored):
-            await self._ignore(wake, run_id, details, matched.reason)
-            return
+            return matched.reason
         job = matched.job
-        request = RunRequest(
+        return RunRequest(
             prompt=matched.prompt,
             subject=matched.subject,
             source="webhook",
@@ -124,17 +145,23 @@ class Dispatcher:
             run_id=run_id,
             wake_details=details,
         )
-        await self._inbox.set_run(wake.id, run_id)
-        result = await self._supervisor.execute(request)
-        if result.outcome == "refused":
-            await self._refused(wake, result.reason or "refused", details)
-            return
-        await self._inbox.finish(wake.id, "done", run_id=run_id, note=result.outcome)
+
+    async def _scheduled(
+        self, delivery: Delivery, run_id: str, details: dict[str, Any]
+    ) -> RunRequest | str:
+        """A schedule's fire, run as the schedule was when it fired; or why it cannot run."""
+        try:
+            schedule = schedules.Schedule.from_snapshot(delivery.body)
+        except ValueError as exc:
+            return f"its schedule snapshot cannot be read: {exc}"
+        built = await schedules.schedule_request(schedule, self._cfg, self._home,
+                                                 run_id=run_id, details=details)
+        return built.reason if isinstance(built, schedules.Unrunnable) else built
 
     async def _ignore(
         self, wake: WakeRow, run_id: str, details: dict[str, Any], reason: str
     ) -> None:
-        await self._audit.record("wake", "ignored", "refused", subject=wake.route,
+        await self._audit.record("wake", "ignored", "refused", subject=_subject(wake),
                                  run_id=None, details={**details, "reason": reason})
         await self._inbox.finish(wake.id, "ignored", run_id=None, note=reason)
 
@@ -144,9 +171,9 @@ class Dispatcher:
         if attempts >= wakes.max_attempts:
             note = f"abandoned after {attempts} attempts: {reason}"
             await self._inbox.finish(wake.id, "abandoned", run_id=None, note=note)
-            await self._audit.record("wake", "abandoned", "failed", subject=wake.route,
+            await self._audit.record("wake", "abandoned", "failed", subject=_subject(wake),
                                      details={**details, "reason": note})
-            await self._audit.record("alert", "undelivered", "failed", subject=wake.route,
+            await self._audit.record("alert", "undelivered", "failed", subject=_subject(wake),
                                      details={"about": f"wake {wake.key}", "reason": note,
                                               "route": "none configured"})
             return
@@ -154,5 +181,10 @@ class Dispatcher:
         next_try_us = to_us(self._clock()) + int(delay_s * 1_000_000)
         await self._inbox.retry_later(wake.id, next_try_us=next_try_us,
                                       note=f"attempt {attempts} refused: {reason}")
-        await self._audit.record("wake", "deferred", "pending", subject=wake.route,
+        await self._audit.record("wake", "deferred", "pending", subject=_subject(wake),
                                  details={**details, "reason": reason, "retry_in_s": delay_s})
+
+
+def _subject(wake: WakeRow) -> str:
+    """The subject of a wake's own records: the route, or ``schedule:NAME``."""
+    return f"schedule:{wake.route}" if wake.source == schedules.SOURCE else wake.route

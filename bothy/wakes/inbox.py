@@ -1,7 +1,9 @@
 """The inbox: wakes made durable before anyone is told they arrived (SPEC §5, rule 3).
 
 Each delivery is one file, ``$BOTHY_HOME/inbox/<sha256(route NUL key)>.json`` (0600, in a 0700
-directory), indexed by one row of the ``wakes`` table in the state database. ``accept`` makes
+directory; a source other than ``webhook`` is part of the hash too), indexed by one row of the
+``wakes`` table in the state database. A wake's source (``webhook``, ``schedule``) is part of its
+identity: the same route and key from two sources are two wakes. ``accept`` makes
 a delivery durable in this order, and returns only after the last step (contracts.md §7):
 
 1. write the payload to a fresh temporary file in the inbox directory and fsync it;
@@ -51,7 +53,7 @@ from bothy.engine.state import StateDB
 from bothy.errors import InboxError
 
 _FORMAT_VERSION = 1
-_SOURCE = "webhook"
+_WEBHOOK = "webhook"  # the source of a delivery that names none (files written before sources)
 _SUFFIX = ".json"
 _TEMP_PREFIX = ".tmp-"
 _FILE_MODE = 0o600
@@ -70,6 +72,8 @@ class Delivery:
     ``key`` is the dedupe key: for GitHub ``X-GitHub-Delivery + ":" + X-GitHub-Hook-ID``
     (the GUID names the event, shared by every hook it goes to: contracts.md §1.1).
     ``headers`` have lower-case names. ``body`` is the raw bytes the signature covered.
+    ``source`` says what woke it: ``webhook``, or ``schedule`` (``route`` is then the
+    schedule's name, ``key`` the fire time and ``body`` a JSON snapshot of the schedule).
     """
 
     route: str
@@ -79,6 +83,7 @@ class Delivery:
     headers: dict[str, str]
     body: bytes
     received_at: datetime
+    source: str = _WEBHOOK
 
 
 @dataclass(frozen=True)
@@ -148,7 +153,7 @@ class Inbox:
         Raises InboxError when it cannot be made durable; the delivery is then not queued
         and the sender should be told to retry (503).
         """
-        name = payload_name(delivery.route, delivery.key)
+        name = payload_name(delivery.route, delivery.key, delivery.source)
         try:
             await asyncio.to_thread(_store_payload, self.root, name, delivery)
         except OSError as exc:
@@ -204,19 +209,19 @@ class Inbox:
         params: list[object] = []
         for delivery, file in items:
             received_us = to_us(delivery.received_at)
-            params += [_SOURCE, delivery.route, delivery.key, delivery.event, delivery.action,
-                       received_us, received_us, file]
+            params += [delivery.source, delivery.route, delivery.key, delivery.event,
+                       delivery.action, received_us, received_us, file]
         rows = await self._db.atomic(
             "INSERT INTO wakes (source, route, key, event, action, status, attempts,"
             " next_try_us, received_us, file) VALUES "
             + ",".join("(?, ?, ?, ?, ?, 'queued', 0, ?, ?, ?)" for _ in items)
-            + " ON CONFLICT (source, route, key) DO NOTHING RETURNING id, route, key",
+            + " ON CONFLICT (source, route, key) DO NOTHING RETURNING id, source, route, key",
             tuple(params),
         )
-        inserted = {(row["route"], row["key"]): int(row["id"]) for row in rows}
+        inserted = {(row["source"], row["route"], row["key"]): int(row["id"]) for row in rows}
         outcomes: list[Accepted | Duplicate] = []
         for delivery, _ in items:
-            ident = (delivery.route, delivery.key)
+            ident = (delivery.source, delivery.route, delivery.key)
             wake_id = inserted.pop(ident, None)  # the first copy in the batch is the new one
             if wake_id is not None:
                 outcomes.append(Accepted(wake_id))
@@ -224,10 +229,10 @@ class Inbox:
                 outcomes.append(Duplicate(await self._wake_id(*ident)))
         return outcomes
 
-    async def _wake_id(self, route: str, key: str) -> int | None:
+    async def _wake_id(self, source: str, route: str, key: str) -> int | None:
         row = await self._db.fetch_one(
             "SELECT id FROM wakes WHERE source = ? AND route = ? AND key = ?",
-            (_SOURCE, route, key),
+            (source, route, key),
         )
         return int(row[0]) if row is not None else None
 
@@ -237,8 +242,7 @@ class Inbox:
         Run it at start-up, before the listeners. Returns how many wakes it queued. A file
         that cannot be read back is left where it is, and logged.
         """
-        known = {row["file"] for row in await self._db.fetch_all(
-            "SELECT file FROM wakes WHERE source = ?", (_SOURCE,))}
+        known = {row["file"] for row in await self._db.fetch_all("SELECT file FROM wakes")}
         try:
             names = await asyncio.to_thread(_payload_names, self.root)
         except OSError as exc:
@@ -378,9 +382,14 @@ class Inbox:
 # -- the file format -----------------------------------------------------------------------
 
 
-def payload_name(route: str, key: str) -> str:
-    """The file name of a delivery: the same route and key always give the same name."""
-    digest = hashlib.sha256(f"{route}\0{key}".encode()).hexdigest()
+def payload_name(route: str, key: str, source: str = _WEBHOOK) -> str:
+    """The file name of a delivery: the same source, route and key always give the same name.
+
+    A webhook's name hashes only its route and key (as before sources existed), so files
+    already on disk keep their names.
+    """
+    ident = f"{route}\0{key}" if source == _WEBHOOK else f"{source}\0{route}\0{key}"
+    digest = hashlib.sha256(ident.encode()).hexdigest()
     return digest + _SUFFIX
 
 
@@ -392,6 +401,7 @@ def encode_payload_file(delivery: Delivery) -> bytes:
         body, encoding = base64.b64encode(delivery.body).decode("ascii"), "base64"
     document = {
         "version": _FORMAT_VERSION,
+        "source": delivery.source,
         "route": delivery.route,
         "key": delivery.key,
         "event": delivery.event,
@@ -427,6 +437,7 @@ def decode_payload_file(data: bytes) -> Delivery:
             headers={str(k): str(v) for k, v in document["headers"].items()},
             body=body,
             received_at=received_at,
+            source=str(document.get("source", _WEBHOOK)),
         )
     except (KeyError, TypeError, AttributeError, binascii.Error) as exc:
         raise ValueError(f"a field is missing or malformed ({exc!r})") from exc

@@ -1,0 +1,472 @@
+"""Schedules: cron wakes kept in the state database and fired inside ``bothy serve`` (SPEC §5).
+
+A schedule is a name, a crontab expression read in the budget's time zone (the day a fire
+belongs to is the day its spend counts against) and what it runs: a prompt, a written
+procedure (``--sop``), or the heartbeat (the standing checklist, answered ``NO_REPLY`` when
+nothing needs attention). It is added with ``bothy schedule add`` and kept in the
+``schedules`` table, so it survives restarts.
+
+Each fire is a durable wake. :class:`ScheduleRunner` puts it in the inbox (source
+``schedule``, route the schedule's name, key the fire time in UTC ISO-8601, body a JSON
+snapshot of the schedule), records the fire in ``last_fire_us`` and pokes the dispatcher,
+which runs it through the gates like any wake: refused, it is retried with backoff and
+abandoned after ``wakes.max_attempts`` (rule 4). The key makes a fire idempotent: one slot
+enqueued twice (the timer and a catch-up racing, a crash between the inbox and
+``last_fire_us``) is one wake.
+
+Missed fires: whenever the runner looks (at start, on each timer, on each sync), it enqueues
+the *latest* slot after ``max(last fire, created, now - wakes.missed_fire_grace_s)`` and at or
+before now — one wake however many slots passed, never a burst. A slot older than the grace
+is not run (a 03:00 backup should not start at 14:00 because the machine was off all
+morning); at start, that skip is audited.
+
+Day of week: APScheduler 3 numbers days from Monday = 0 where crontab counts from Sunday = 0
+(https://github.com/agronholm/apscheduler/issues/286), so a numeric day of week would run on
+the wrong day without a word. Only names are accepted there (``mon-fri``, ``sun``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+# APScheduler 3 ships no type hints (no py.typed): its objects are Any here.
+from apscheduler.schedulers.asyncio import AsyncIOScheduler  # type: ignore[import-untyped]
+from apscheduler.triggers.cron import CronTrigger  # type: ignore[import-untyped]
+from apscheduler.triggers.interval import IntervalTrigger  # type: ignore[import-untyped]
+
+from bothy.clock import Clock, from_us, to_us
+from bothy.config import Config
+from bothy.engine.audit import AuditLog
+from bothy.engine.checklist import Checklist
+from bothy.engine.run import RunRequest
+from bothy.engine.state import StateDB
+from bothy.engine.verification import Verification
+from bothy.errors import InboxError, UsageError
+from bothy.home import BothyHome
+from bothy.money import usd_to_micros
+from bothy.sops import SopLibrary
+from bothy.wakes.inbox import Accepted, Delivery, Inbox
+
+SOURCE = "schedule"
+KINDS = ("prompt", "sop", "heartbeat")
+HEARTBEAT_INSTRUCTION = "If nothing needs attention, reply exactly NO_REPLY."
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$")
+_SYNC_EVERY_S = 30  # schedules added or removed while bothy serve runs are picked up this fast
+_ONE_US = timedelta(microseconds=1)
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One row of the ``schedules`` table. Times are microseconds since the epoch (UTC)."""
+
+    name: str
+    cron: str
+    kind: str  # one of KINDS
+    prompt: str | None = None
+    sop: str | None = None
+    profile: str | None = None
+    verify_argv: list[str] | None = None
+    verify_regex: str | None = None
+    max_usd_micros: int | None = None  # None: budget.per_run_usd
+    created_us: int = 0
+    last_fire_us: int | None = None
+    next_fire_us: int | None = None  # kept for `bothy status`, which cannot evaluate cron
+
+    @classmethod
+    def from_row(cls, row: Any) -> Schedule:
+        argv = row["verify_argv"]
+        return cls(
+            name=row["name"], cron=row["cron"], kind=row["kind"], prompt=row["prompt"],
+            sop=row["sop"], profile=row["profile"],
+            verify_argv=json.loads(argv) if argv is not None else None,
+            verify_regex=row["verify_regex"], max_usd_micros=row["max_usd_micros"],
+            created_us=row["created_us"], last_fire_us=row["last_fire_us"],
+            next_fire_us=row["next_fire_us"],
+        )
+
+    def snapshot(self) -> bytes:
+        """The body of a fire's wake: the schedule as it was when it fired."""
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True).encode()
+
+    @classmethod
+    def from_snapshot(cls, body: bytes) -> Schedule:
+        """Read back :meth:`snapshot`; ValueError if ``body`` is not one."""
+        try:
+            document = json.loads(body)
+            return cls(**{name: document[name] for name in cls.__dataclass_fields__})
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"not a schedule snapshot ({exc!r})") from exc
+
+    @property
+    def subject(self) -> str:
+        """The lane its runs take: fires of one schedule never overlap."""
+        return f"schedule:{self.name}"
+
+    @property
+    def what(self) -> str:
+        """``heartbeat``, ``sop:NAME`` or ``prompt``, for listings."""
+        return f"sop:{self.sop}" if self.kind == "sop" else self.kind
+
+    def verification(self) -> Verification | None:
+        if self.verify_argv is None and self.verify_regex is None:
+            return None
+        return Verification(argv=self.verify_argv, regex=self.verify_regex)
+
+
+def schedule_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a schedule, or None."""
+    if _NAME.match(name):
+        return None
+    return (f"{name!r} is not a schedule name: use up to 48 letters, digits, '-' or '_',"
+            " starting with a letter or digit (e.g. nightly-backup)")
+
+
+def cron_trigger(cron: str, timezone: str) -> Any:
+    """APScheduler's trigger for the crontab expression ``cron`` in ``timezone``.
+
+    UsageError, naming the expression and the rule, if it is not one Bothy accepts.
+    """
+    fields = cron.split()
+    example = "five fields, minute hour day-of-month month day-of-week, e.g. '0 3 * * *'"
+    if len(fields) != 5:
+        raise UsageError(f"--cron {cron!r} has {len(fields)} fields; expected {example}")
+    if any(ch.isdigit() for ch in fields[4]):
+        raise UsageError(
+            f"--cron {cron!r}: write the day of week as names (mon-fri, sun), not numbers:"
+            " crontab counts 0 as Sunday but APScheduler as Monday, so a number would run on"
+            " the wrong day"
+        )
+    try:
+        return CronTrigger.from_crontab(" ".join(fields), timezone=ZoneInfo(timezone))
+    except ValueError as exc:
+        raise UsageError(f"--cron {cron!r} is not a valid crontab expression ({exc});"
+                         f" expected {example}") from None
+
+
+def next_fire(trigger: Any, now: datetime) -> datetime | None:
+    """The first slot after ``now``; None if the expression never fires again."""
+    found: datetime | None = trigger.get_next_fire_time(None, now + _ONE_US)
+    return found
+
+
+def latest_fire(trigger: Any, *, after: datetime, now: datetime) -> datetime | None:
+    """The last slot in (``after``, ``now``]; None if there is none.
+
+    Walks slot by slot from ``after``: callers bound the window (by the grace) so the walk is
+    short — at most one slot per minute of the window.
+    """
+    latest = None
+    slot = next_fire(trigger, after)
+    while slot is not None and slot <= now:
+        latest = slot
+        slot = next_fire(trigger, slot)
+    return latest
+
+
+def due_fire(schedule: Schedule, trigger: Any, *, now: datetime, grace_s: int) -> datetime | None:
+    """The one slot of ``schedule`` to enqueue now, or None (the missed-fire rule above)."""
+    floor_us = max(schedule.last_fire_us or 0, schedule.created_us,
+                   to_us(now) - grace_s * 1_000_000)
+    return latest_fire(trigger, after=from_us(floor_us), now=now)
+
+
+def skipped_fire(
+    schedule: Schedule, trigger: Any, *, now: datetime, grace_s: int
+) -> datetime | None:
+    """The first slot missed by more than the grace (not run), or None."""
+    floor_us = max(schedule.last_fire_us or 0, schedule.created_us)
+    slot = next_fire(trigger, from_us(floor_us))
+    if slot is not None and to_us(slot) <= to_us(now) - grace_s * 1_000_000:
+        return slot
+    return None
+
+
+class ScheduleStore:
+    """The ``schedules`` table. Cron is read in ``timezone`` (the budget's)."""
+
+    def __init__(self, db: StateDB, *, timezone: str, clock: Clock) -> None:
+        self._db = db
+        self.timezone = timezone
+        self._clock = clock
+
+    async def add(self, schedule: Schedule) -> Schedule | None:
+        """Insert ``schedule`` (created now, its next fire computed); None if the name is taken.
+
+        UsageError if its name or cron is not acceptable.
+        """
+        if problem := schedule_name_problem(schedule.name):
+            raise UsageError(problem)
+        if schedule.kind not in KINDS:
+            raise ValueError(f"a schedule's kind is one of {', '.join(KINDS)}, not"
+                             f" {schedule.kind!r}")
+        trigger = cron_trigger(schedule.cron, self.timezone)
+        now = self._clock()
+        upcoming = next_fire(trigger, now)
+        argv = json.dumps(schedule.verify_argv) if schedule.verify_argv is not None else None
+        async with self._db.transaction():
+            changed = await self._db.execute(
+                "INSERT INTO schedules (name, cron, kind, prompt, sop, profile, verify_argv,"
+                " verify_regex, max_usd_micros, created_us, last_fire_us, next_fire_us)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?) ON CONFLICT (name) DO NOTHING",
+                (schedule.name, " ".join(schedule.cron.split()), schedule.kind, schedule.prompt,
+                 schedule.sop, schedule.profile, argv, schedule.verify_regex,
+                 schedule.max_usd_micros, to_us(now),
+                 to_us(upcoming) if upcoming is not None else None),
+            )
+        return await self.get(schedule.name) if changed == 1 else None
+
+    async def remove(self, name: str) -> bool:
+        """Delete schedule ``name``; False if there was none. Wakes already queued still run."""
+        async with self._db.transaction():
+            changed = await self._db.execute("DELETE FROM schedules WHERE name = ?", (name,))
+        return changed == 1
+
+    async def get(self, name: str) -> Schedule | None:
+        row = await self._db.fetch_one("SELECT * FROM schedules WHERE name = ?", (name,))
+        return Schedule.from_row(row) if row is not None else None
+
+    async def all(self) -> list[Schedule]:
+        """Every schedule, by name."""
+        rows = await self._db.fetch_all("SELECT * FROM schedules ORDER BY name")
+        return [Schedule.from_row(row) for row in rows]
+
+    async def fired(self, name: str, fire_us: int, next_fire_us: int | None) -> None:
+        """Record that the slot at ``fire_us`` is in the inbox (the mark never moves back)."""
+        async with self._db.transaction():
+            await self._db.execute(
+                "UPDATE schedules SET last_fire_us = MAX(COALESCE(last_fire_us, 0), ?),"
+                " next_fire_us = ? WHERE name = ?",
+                (fire_us, next_fire_us, name),
+            )
+
+    async def set_next_fire(self, name: str, next_fire_us: int | None) -> None:
+        async with self._db.transaction():
+            await self._db.execute("UPDATE schedules SET next_fire_us = ? WHERE name = ?",
+                                   (next_fire_us, name))
+
+
+class ScheduleRunner:
+    """Fires schedules into the inbox from an APScheduler ``AsyncIOScheduler`` (bothy serve).
+
+    One CronTrigger job per schedule (coalesced, one instance at a time) fires it on time; a
+    sync job every 30 s adds, replaces and removes jobs as the table changes (``bothy
+    schedule add`` from another shell) and enqueues any slot a timer missed. Every fire takes
+    one lock and re-reads the schedule's last fire, so a slot is enqueued once.
+    """
+
+    def __init__(
+        self,
+        store: ScheduleStore,
+        inbox: Inbox,
+        *,
+        audit: AuditLog,
+        grace_s: int,
+        clock: Clock,
+        on_enqueued: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._inbox = inbox
+        self._audit = audit
+        self._grace_s = grace_s
+        self._clock = clock
+        self._on_enqueued = on_enqueued
+        self._lock = asyncio.Lock()
+        self._crons: dict[str, str] = {}  # the cron each registered job was built from
+        self._stopped = False
+        self._scheduler: Any = None
+
+    async def start(self) -> int:
+        """Catch up on missed fires, then start the timers. Returns how many were enqueued."""
+        zone = ZoneInfo(self._store.timezone)
+        self._scheduler = AsyncIOScheduler(timezone=zone)
+        async with self._lock:
+            for schedule in await self._store.all():
+                await self._audit_skipped(schedule)
+            enqueued = await self._sync()
+        self._scheduler.add_job(self.sync, IntervalTrigger(seconds=_SYNC_EVERY_S, timezone=zone),
+                                id="sync", coalesce=True, max_instances=1)
+        self._scheduler.start()
+        return enqueued
+
+    async def stop(self) -> None:
+        """Stop the timers. A fire under way finishes first; none starts after this."""
+        async with self._lock:
+            self._stopped = True
+            if self._scheduler is not None and self._scheduler.running:
+                self._scheduler.shutdown(wait=False)
+
+    def next_fires(self) -> dict[str, datetime | None]:
+        """The next fire of each schedule's timer, as APScheduler holds it."""
+        if self._scheduler is None:
+            return {}
+        return {job.id.removeprefix("schedule:"): job.next_run_time
+                for job in self._scheduler.get_jobs() if job.id.startswith("schedule:")}
+
+    async def sync(self) -> int:
+        """Bring the timers in line with the table; enqueue due slots. Returns how many."""
+        async with self._lock:
+            return 0 if self._stopped else await self._sync()
+
+    async def fire_due(self, name: str) -> bool:
+        """Enqueue the due slot of schedule ``name``, if it has one; True if a wake was queued."""
+        async with self._lock:
+            if self._stopped:
+                return False
+            schedule = await self._store.get(name)
+            return schedule is not None and await self._fire_due(schedule)
+
+    async def _sync(self) -> int:
+        schedules = await self._store.all()
+        names = {schedule.name for schedule in schedules}
+        for gone in set(self._crons) - names:
+            self._scheduler.remove_job(f"schedule:{gone}")
+            del self._crons[gone]
+        enqueued = 0
+        for schedule in schedules:
+            if self._crons.get(schedule.name) != schedule.cron:
+                self._register(schedule)
+            if await self._fire_due(schedule):
+                enqueued += 1
+            else:
+                await self._refresh_next_fire(schedule)
+        return enqueued
+
+    async def _refresh_next_fire(self, schedule: Schedule) -> None:
+        """Keep ``next_fire_us`` true for `bothy status` (it moves on without firing after a
+        skipped slot, or when the budget's time zone changes)."""
+        try:
+            trigger = cron_trigger(schedule.cron, self._store.timezone)
+        except UsageError:
+            return
+        upcoming = next_fire(trigger, self._clock())
+        upcoming_us = to_us(upcoming) if upcoming is not None else None
+        if upcoming_us != schedule.next_fire_us:
+            await self._store.set_next_fire(schedule.name, upcoming_us)
+
+    def _register(self, schedule: Schedule) -> None:
+        try:
+            trigger = cron_trigger(schedule.cron, self._store.timezone)
+        except UsageError as exc:  # written by hand into the table: say so, keep the rest
+            _log.error("schedule %s cannot be timed: %s", schedule.name, exc)
+            return
+        self._scheduler.add_job(
+            self.fire_due, trigger, args=[schedule.name], id=f"schedule:{schedule.name}",
+            replace_existing=True, coalesce=True, max_instances=1,
+            misfire_grace_time=self._grace_s,
+        )
+        self._crons[schedule.name] = schedule.cron
+
+    async def _fire_due(self, schedule: Schedule) -> bool:
+        """Step by step: find the slot, make its wake durable, mark it fired, poke."""
+        try:
+            trigger = cron_trigger(schedule.cron, self._store.timezone)
+        except UsageError:
+            return False
+        now = self._clock()
+        slot = due_fire(schedule, trigger, now=now, grace_s=self._grace_s)
+        if slot is None:
+            return False
+        key = slot.astimezone(UTC).isoformat()  # one instant, one key, whatever the zone
+        delivery = Delivery(source=SOURCE, route=schedule.name, key=key,
+                            event="schedule", action=schedule.kind, headers={},
+                            body=schedule.snapshot(), received_at=now)
+        details = {"fire_time": key, "late_s": round((now - slot).total_seconds(), 3)}
+        try:
+            outcome = await self._inbox.accept(delivery)
+        except InboxError as exc:  # the slot stays due: the next sync tries again
+            await self._audit.record("schedule", "fired", "failed", subject=schedule.subject,
+                                     details={**details, "reason": str(exc)})
+            return False
+        upcoming = next_fire(trigger, now)
+        await self._store.fired(schedule.name, to_us(slot),
+                                to_us(upcoming) if upcoming is not None else None)
+        if not isinstance(outcome, Accepted):
+            return False  # enqueued before a crash kept last_fire_us from moving
+        await self._audit.record("schedule", "fired", "ok", subject=schedule.subject,
+                                 details={**details, "wake": outcome.wake_id})
+        self._on_enqueued()
+        return True
+
+    async def _audit_skipped(self, schedule: Schedule) -> None:
+        try:
+            trigger = cron_trigger(schedule.cron, self._store.timezone)
+        except UsageError:
+            return
+        now = self._clock()
+        slot = skipped_fire(schedule, trigger, now=now, grace_s=self._grace_s)
+        if slot is None or due_fire(schedule, trigger, now=now, grace_s=self._grace_s):
+            return
+        reason = (f"bothy serve was not running at its fire time, more than"
+                  f" wakes.missed_fire_grace_s ({self._grace_s} s) ago: it is not run late")
+        await self._audit.record("schedule", "missed", "refused", subject=schedule.subject,
+                                 details={"fire_time": slot.astimezone(UTC).isoformat(),
+                                          "reason": reason})
+
+
+@dataclass(frozen=True)
+class Unrunnable:
+    """A fired schedule that cannot become a run (its SOP or profile is gone), and why."""
+
+    reason: str
+
+
+async def schedule_request(
+    schedule: Schedule,
+    cfg: Config,
+    home: BothyHome,
+    *,
+    run_id: str,
+    details: dict[str, Any],
+) -> RunRequest | Unrunnable:
+    """The run a fire of ``schedule`` asks for: operator-written, so trusted; nobody to ask."""
+    if schedule.profile is not None and schedule.profile not in cfg.profiles:
+        return Unrunnable(f"its profile {schedule.profile!r} is no longer configured")
+    prompt = await _prompt(schedule, home)
+    if isinstance(prompt, Unrunnable):
+        return prompt
+    per_run = usd_to_micros(cfg.budget.per_run_usd)
+    return RunRequest(
+        prompt=prompt,
+        subject=schedule.subject,
+        source=SOURCE,
+        # A per_run_usd lowered since the schedule was added tightens it too.
+        max_usd_micros=min(schedule.max_usd_micros or per_run, per_run),
+        wall_clock_s=cfg.limits.wall_clock_s,
+        max_tokens=cfg.limits.max_tokens,
+        profile=schedule.profile,
+        trusted=True,  # the operator wrote it
+        can_hold=False,  # nobody is in a thread to answer: questions decline at once
+        run_id=run_id,
+        wake_details={"schedule": schedule.name, "kind": schedule.kind, **details},
+        verify=schedule.verification(),
+    )
+
+
+async def _prompt(schedule: Schedule, home: BothyHome) -> str | Unrunnable:
+    if schedule.kind == "heartbeat":
+        checklist = await asyncio.to_thread(Checklist(home.checklist_path).render)
+        return (
+            f"Scheduled heartbeat ({schedule.name}). Look over the standing checklist of this"
+            " site and act on anything that needs attention.\n\n"
+            f"Standing checklist:\n{checklist or '(the checklist is empty)'}\n\n"
+            f"{HEARTBEAT_INSTRUCTION}"
+        )
+    if schedule.kind == "sop":
+        assert schedule.sop is not None
+        text = await asyncio.to_thread(SopLibrary(home.sops_dir).read, schedule.sop)
+        if text is None:
+            return Unrunnable(f"its SOP {schedule.sop!r} no longer exists in {home.sops_dir}")
+        return (f"Scheduled job {schedule.name}: follow this written procedure"
+                f" (SOP {schedule.sop}).\n\n{text}")
+    assert schedule.prompt is not None
+    return schedule.prompt
