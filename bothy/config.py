@@ -23,6 +23,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -203,16 +204,21 @@ class ListenConfig(_Section):
         return self
 
 
-class WebhookJob(_Section):
+class WakeJob(_Section):
+    """What a wake starts: a prompt in a lane, under a profile, within a reservation."""
+
+    prompt: str = Field(min_length=1)  # {dotted.fields} of the payload are framed as data
+    subject: str = Field(default="{route}", min_length=1)  # lane template, e.g. pr:{number}
+    profile: str | None = None
+    max_usd: Decimal | None = Field(default=None, gt=0)
+
+
+class WebhookJob(WakeJob):
     """What a matching delivery wakes: a prompt in a lane, under a profile."""
 
     event: str = Field(min_length=1)  # X-GitHub-Event (github) or the route's event
     actions: list[str] = Field(default_factory=list)  # payload "action"; empty = any
-    prompt: str = Field(min_length=1)  # {dotted.fields} of the payload are framed as data
-    subject: str = Field(default="{route}", min_length=1)  # lane template, e.g. pr:{number}
-    profile: str | None = None
     author_associations: list[str] = Field(default_factory=list)  # empty = anyone
-    max_usd: Decimal | None = Field(default=None, gt=0)
 
 
 class WebhookRoute(_Section):
@@ -235,6 +241,110 @@ class WebhookRoute(_Section):
             if not _ENV_NAME.match(name):
                 raise ValueError(f"{name!r} is not an environment variable name")
         return names
+
+
+# RFC 9110 §5.1: a field name is a token.
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+# Sent by the poller itself, from its persisted cursor.
+_CONDITIONAL_HEADERS = frozenset({"if-none-match", "if-modified-since"})
+_DOTTED_PATH = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+
+
+class PollItems(_Section):
+    """Items mode: the body is JSON holding a list; each item whose ``id`` is unseen is new."""
+
+    items: str = ""  # dotted path to the list in the body; "" = the body itself is the list
+    id: str = Field(min_length=1)  # dotted path, inside an item, to its identity
+
+    @field_validator("items")
+    @classmethod
+    def _items_path(cls, value: str) -> str:
+        if value and not _DOTTED_PATH.match(value):
+            raise ValueError(f"{value!r} is not a dotted path (e.g. data.items), nor \"\"")
+        return value
+
+    @field_validator("id")
+    @classmethod
+    def _id_path(cls, value: str) -> str:
+        if not _DOTTED_PATH.match(value):
+            raise ValueError(f"{value!r} is not a field name or dotted path (e.g. id)")
+        return value
+
+
+def _new_shape(value: object) -> object:
+    if value == "changed" or isinstance(value, PollItems):
+        return value
+    if isinstance(value, dict):
+        # Validated here so that a bad object is reported once, by its own key, rather than
+        # once per member of the union.
+        try:
+            return PollItems.model_validate(value)
+        except ValidationError as exc:
+            raise ValueError("; ".join(
+                f"{'.'.join(str(part) for part in error['loc'])}:"
+                f" {str(error['msg']).removeprefix('Value error, ')}"
+                for error in exc.errors()
+            )) from None
+    raise ValueError('expected "changed" or {"items": "<dotted.path>", "id": "<field>"}')
+
+
+NewRule = Annotated[Literal["changed"] | PollItems, BeforeValidator(_new_shape)]
+
+
+class PollerConfig(_Section):
+    """An outbound poll: a URL (httpx) or an argv command, what counts as new, and a job."""
+
+    url: str | None = None
+    command: list[str] | None = None
+    interval_s: float = Field(default=300.0, ge=0.05, le=86400)
+    timeout_s: float = Field(default=20.0, gt=0, le=600)
+    headers_env: dict[str, str] = Field(default_factory=dict)  # header name -> env var name
+    new: NewRule = "changed"
+    job: WakeJob
+    max_body_bytes: int = Field(default=5_000_000, ge=1024, le=25_000_000)
+    alert_after_failures: int = Field(default=3, ge=1, le=1000)
+    max_backoff_s: float = Field(default=3600.0, gt=0, le=7 * 86400)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        scheme, _, rest = value.partition("://")
+        host = rest.split("/", 1)[0].rsplit("@", 1)[-1]
+        if scheme.lower() not in ("http", "https") or not host:
+            raise ValueError("expected an http:// or https:// URL with a host")
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _argv(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and (not value or not all(value)):
+            raise ValueError("expected an argv list of non-empty strings, e.g. [\"gh\", \"api\"]")
+        return value
+
+    @field_validator("headers_env")
+    @classmethod
+    def _header_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for header, env in value.items():
+            if not _HEADER_NAME.match(header):
+                raise ValueError(f"{header!r} is not an HTTP header name")
+            if header.lower() in _CONDITIONAL_HEADERS:
+                raise ValueError(f"{header} is sent by the poller itself, from its cursor")
+            if not _ENV_NAME.match(env):
+                raise ValueError(f"{env!r} is not an environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PollerConfig:
+        if (self.url is None) == (self.command is None):
+            raise ValueError("give exactly one of url (an HTTP poll) or command (an argv poll)")
+        if self.command is not None and self.headers_env:
+            raise ValueError("headers_env applies to url pollers only")
+        if self.max_backoff_s < self.interval_s:
+            raise ValueError(f"max_backoff_s ({self.max_backoff_s}) is shorter than"
+                             f" interval_s ({self.interval_s})")
+        return self
 
 
 class WakesConfig(_Section):
@@ -261,6 +371,7 @@ class Config(_Section):
     profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
     listen: ListenConfig = Field(default_factory=ListenConfig)
     webhooks: dict[str, WebhookRoute] = Field(default_factory=dict)
+    pollers: dict[str, PollerConfig] = Field(default_factory=dict)
     wakes: WakesConfig = Field(default_factory=WakesConfig)
 
     @field_validator("site")
@@ -269,6 +380,24 @@ class Config(_Section):
         if not _SITE_NAME.match(value):
             raise ValueError("expected a short name of letters, digits, '.', '_' or '-'")
         return value
+
+    @field_validator("pollers")
+    @classmethod
+    def _poller_profiles_exist(
+        cls, pollers: dict[str, PollerConfig], info: ValidationInfo
+    ) -> dict[str, PollerConfig]:
+        profiles = info.data.get("profiles")  # None if invalid: that is reported already
+        for name, poller in pollers.items():
+            if not _SITE_NAME.match(name):
+                raise ValueError(f"poller name {name!r}: expected a short name of letters,"
+                                 " digits, '.', '_' or '-'")
+            if profiles is None or poller.job.profile is None:
+                continue
+            if poller.job.profile not in profiles:
+                defined = ", ".join(sorted(profiles)) or "none"
+                raise ValueError(f"pollers.{name}.job.profile {poller.job.profile!r} is not"
+                                 f" defined in profiles (defined: {defined})")
+        return pollers
 
     @model_validator(mode="after")
     def _wall_clock_within_expiry(self) -> Config:

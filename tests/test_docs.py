@@ -7,7 +7,14 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from bothy.config import Config, McpServerConfig, Price, ProfileConfig, WebhookRoute
+from bothy.config import (
+    Config,
+    McpServerConfig,
+    PollerConfig,
+    Price,
+    ProfileConfig,
+    WebhookRoute,
+)
 from bothy.exitcodes import ExitCode
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -26,7 +33,8 @@ def _field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
             value = typing.get_args(annotation)[1]
             if isinstance(value, type) and issubclass(value, BaseModel):
                 placeholder = {Price: "<model>", ProfileConfig: "<name>",
-                               McpServerConfig: "<server>", WebhookRoute: "<route>"}[value]
+                               McpServerConfig: "<server>", WebhookRoute: "<route>",
+                               PollerConfig: "<poller>"}[value]
                 paths += _field_paths(value, f"{path}.{placeholder}.")
         elif typing.get_origin(annotation) is list:
             item = typing.get_args(annotation)[0]

@@ -24,7 +24,7 @@ import aiosqlite
 
 from bothy.errors import StateError
 
-_SCHEMA_VERSION = 4
+_SCHEMA_VERSION = 5
 _BUSY_TIMEOUT_MS = 30_000
 
 _SCHEMA = """
@@ -126,6 +126,18 @@ CREATE TABLE IF NOT EXISTS schedules (
     created_us     INTEGER NOT NULL,
     last_fire_us   INTEGER,
     next_fire_us   INTEGER
+);
+CREATE TABLE IF NOT EXISTS pollers (
+    name          TEXT PRIMARY KEY,
+    etag          TEXT,
+    last_modified TEXT,
+    body_sha256   TEXT,
+    seen_ids      TEXT,
+    changes       INTEGER NOT NULL DEFAULT 0,
+    failures      INTEGER NOT NULL DEFAULT 0,
+    last_failure  TEXT,
+    next_due_us   INTEGER NOT NULL DEFAULT 0,
+    polled_us     INTEGER
 );
 """
 
