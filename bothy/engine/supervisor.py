@@ -50,6 +50,18 @@ class _Stop:
     reason: str
 
 
+@dataclass(frozen=True)
+class _Live:
+    """What one working run is made of, handed from step to step."""
+
+    request: RunRequest
+    worker: Worker
+    inbox: asyncio.Queue[Any]
+    progress: Progress
+    toolbox: Toolbox
+    deadline: float  # loop time at which the wall clock runs out
+
+
 @dataclass
 class _Turn:
     """What the supervisor has learnt about the running turn so far."""
@@ -262,31 +274,23 @@ class Supervisor:
         await self._turn_started(run_id, request.subject, thread.model, turn_id, worker)
         turn = _Turn(run_id, request.subject, thread.thread_id, turn_id, price,
                      admitted.reserved_micros)
+        live = _Live(request, worker, inbox, progress, toolbox, deadline)
         watcher = asyncio.create_task(self._watch(run_id, inbox))
         try:
-            ended = await self._stream(turn, request, worker, inbox, progress, toolbox, deadline)
+            ended = await self._stream(live, turn)
             if request.verify is None or ended[0] != "completed":
                 return ended
-            return await self._verify_loop(turn, request, worker, inbox, progress, toolbox,
-                                           deadline, ended)
+            return await self._verify_loop(live, turn, ended)
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
 
     async def _verify_loop(
-        self,
-        turn: _Turn,
-        request: RunRequest,
-        worker: Worker,
-        inbox: asyncio.Queue[Any],
-        progress: Progress,
-        toolbox: Toolbox,
-        deadline: float,
-        ended: tuple[str, str | None, str],
+        self, live: _Live, turn: _Turn, ended: tuple[str, str | None, str]
     ) -> tuple[str, str | None, str]:
         """Check the run's own work; on failure, a new turn is told what failed (≤ N tries)."""
-        check = request.verify
+        check = live.request.verify
         assert check is not None
         for attempt in range(1, check.max_attempts + 1):
             failure = await verification_failure(check, ended[2], self._cfg.workspace,
@@ -300,11 +304,11 @@ class Supervisor:
                                      details={"attempt": attempt, "failure": failure})
             if attempt == check.max_attempts:
                 break
-            turn.turn_id = await worker.start_turn(turn.thread_id, (
+            turn.turn_id = await live.worker.start_turn(turn.thread_id, (
                 f"Verification of your work failed (attempt {attempt} of"
                 f" {check.max_attempts}): {failure}\nFix it, then finish again."
             ))
-            ended = await self._stream(turn, request, worker, inbox, progress, toolbox, deadline)
+            ended = await self._stream(live, turn)
             if ended[0] != "completed":
                 return ended
         reason = f"still failing verification after {check.max_attempts} attempts: {failure}"
@@ -347,22 +351,16 @@ class Supervisor:
                 await self.budget.refresh(run_id)
                 refreshed_at = loop.time()
 
-    async def _stream(
-        self,
-        turn: _Turn,
-        request: RunRequest,
-        worker: Worker,
-        inbox: asyncio.Queue[Any],
-        progress: Progress,
-        toolbox: Toolbox,
-        deadline: float,
-    ) -> tuple[str, str | None, str]:
+    async def _stream(self, live: _Live, turn: _Turn) -> tuple[str, str | None, str]:
+        """Drain what the worker says until the turn ends, a limit is crossed or a stop."""
+        worker = live.worker
         while True:
             try:
-                async with asyncio.timeout_at(deadline):
-                    item = await inbox.get()
+                async with asyncio.timeout_at(live.deadline):
+                    item = await live.inbox.get()
             except TimeoutError:
-                item = _Stop("timed_out", f"wall clock of {request.wall_clock_s} s reached")
+                limit = live.request.wall_clock_s
+                item = _Stop("timed_out", f"wall clock of {limit} s reached")
             if isinstance(item, _Stop):
                 await worker.interrupt(turn.thread_id, turn.turn_id)
                 return item.outcome, item.reason, turn.text
@@ -372,14 +370,14 @@ class Supervisor:
                 reason = f"the app-server {what} mid-turn: {item.error}"
                 return "failed", _with_stderr(reason, worker), turn.text
             if isinstance(item, ServerRequest):
-                await toolbox.handle(item, worker)
+                await live.toolbox.handle(item, worker)
                 if self.stopping.is_set():
                     # A stop that ended a held question must stop the run now: the watcher's
                     # next look could come after the turn has run on to "completed".
                     await worker.interrupt(turn.thread_id, turn.turn_id)
                     return "cancelled", "bothy received a stop signal", turn.text
                 continue
-            ended = await self._notice(turn, item, request, progress)
+            ended = await self._notice(live, turn, item)
             if isinstance(ended, _Stop):
                 # A limit crossed is acted on at once, ahead of anything queued behind it
                 # (a turn/completed in the same burst must not hide the overrun).
@@ -389,21 +387,17 @@ class Supervisor:
                 return ended
 
     async def _notice(
-        self,
-        turn: _Turn,
-        note: Notification,
-        request: RunRequest,
-        progress: Progress,
+        self, live: _Live, turn: _Turn, note: Notification
     ) -> tuple[str, str | None, str] | _Stop | None:
         params = note.params
         if note.method == "item/agentMessage/delta":
-            progress.text(str(params.get("delta", "")))
+            live.progress.text(str(params.get("delta", "")))
         elif note.method == "item/completed":
             item = params.get("item") or {}
             if item.get("type") == "agentMessage":
                 turn.text = str(item.get("text", ""))
         elif note.method == "thread/tokenUsage/updated":
-            return await self._measure(turn, params, request, progress)
+            return await self._measure(live, turn, params)
         elif note.method == "error":
             error = params.get("error") or {}
             if not params.get("willRetry"):
@@ -412,14 +406,9 @@ class Supervisor:
             return self._turn_end(turn, params)
         return None
 
-    async def _measure(
-        self,
-        turn: _Turn,
-        params: dict[str, Any],
-        request: RunRequest,
-        progress: Progress,
-    ) -> _Stop | None:
+    async def _measure(self, live: _Live, turn: _Turn, params: dict[str, Any]) -> _Stop | None:
         """Fill the reservation with what was measured; say which limit, if any, is crossed."""
+        request, progress = live.request, live.progress
         try:
             usage = TokenUsage.from_codex((params.get("tokenUsage") or {}).get("total") or {})
         except ValueError as exc:
