@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -32,6 +33,17 @@ from bothy.errors import ConfigError
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def _env_names(names: list[str]) -> list[str]:
+    for name in names:
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"{name!r} is not an environment variable name")
+    return names
+
+
+# Names of environment variables (secrets are passed by name, never written in config).
+EnvNames = Annotated[list[str], AfterValidator(_env_names)]
 
 
 class _Section(BaseModel):
@@ -96,15 +108,7 @@ class CodexConfig(_Section):
     home: Path | None = None
     model: str | None = None
     config: dict[str, Any] = Field(default_factory=dict)
-    env: list[str] = Field(default_factory=list)
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, names: list[str]) -> list[str]:
-        for name in names:
-            if not _ENV_NAME.match(name):
-                raise ValueError(f"{name!r} is not an environment variable name")
-        return names
+    env: EnvNames = Field(default_factory=list)
 
 
 class LimitsConfig(_Section):
@@ -125,7 +129,7 @@ class McpServerConfig(_Section):
 
     command: str = Field(min_length=1)
     args: list[str] = Field(default_factory=list)
-    env: list[str] = Field(default_factory=list)  # names passed through; no secret is inline
+    env: EnvNames = Field(default_factory=list)  # names passed through; no secret is inline
     start_timeout_s: float = Field(default=20.0, gt=0, le=300)
     call_timeout_s: float = Field(default=60.0, gt=0, le=3600)
 
@@ -227,20 +231,12 @@ class WebhookRoute(_Section):
     kind: Literal["github", "hmac"] = "github"
     path: str = Field(pattern=r"^/[A-Za-z0-9/_.-]*$")
     public: bool = False  # served on the public listener (Funnel) instead of the tailnet door
-    secret_env: list[str] = Field(min_length=1)  # env var names; several allow rotation
+    secret_env: EnvNames = Field(min_length=1)  # env var names; several allow rotation
     max_body_bytes: int = Field(default=5_000_000, ge=1024, le=25_000_000)
     signature_header: str = "X-Signature-256"  # hmac routes: "sha256=<hex>"
     delivery_header: str = "X-Delivery-Id"  # hmac routes: the dedupe key
     event_header: str = "X-Event"  # hmac routes
     jobs: list[WebhookJob] = Field(default_factory=list)
-
-    @field_validator("secret_env")
-    @classmethod
-    def _env_names(cls, names: list[str]) -> list[str]:
-        for name in names:
-            if not _ENV_NAME.match(name):
-                raise ValueError(f"{name!r} is not an environment variable name")
-        return names
 
 
 # RFC 9110 §5.1: a field name is a token.
