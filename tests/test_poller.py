@@ -258,7 +258,7 @@ async def test_failures_back_off_are_counted_and_audited(world: _World) -> None:
     assert [r.consecutive_failures for r in reports] == [1, 2, 3, 4, 5]
     assert {r.failure for r in reports} == {"HTTP 503 Service Unavailable"}
     failed = world.records("poll", "failed")
-    assert [(r.outcome, r.subject) for r in failed] == [("failed", "feed")] * 5
+    assert [(r.outcome, r.subject) for r in failed] == [("failed", "poll:feed")] * 5
     assert [r.details["consecutive_failures"] for r in failed] == [1, 2, 3, 4, 5]
     assert failed[0].details["reason"] == "HTTP 503 Service Unavailable"
     assert await world.wakes() == []
@@ -281,7 +281,7 @@ async def test_an_alert_is_raised_once_per_streak_and_recovery_is_recorded(world
     assert recovered.ok and recovered.consecutive_failures == 0 and recovered.new == 1
     assert recovered.next_delay_s == 10
     alerts = world.records("alert", "undelivered")
-    assert [(a.outcome, a.subject) for a in alerts] == [("failed", "feed")] * 2
+    assert [(a.outcome, a.subject) for a in alerts] == [("failed", "poll:feed")] * 2
     assert "3 polls failed in a row" in alerts[0].details["reason"]
     assert "HTTP 502" in alerts[1].details["reason"]
     back = world.records("poll", "recovered")

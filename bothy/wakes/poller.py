@@ -172,6 +172,7 @@ class Poller:
         self._environ = environ
         self._cwd = cwd
         self._on_accepted = on_accepted
+        self._subject = f"{SOURCE}:{name}"  # of its audit records, as schedules use schedule:NAME
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -354,7 +355,7 @@ class Poller:
         await self._save(replace(after, failures=0, last_failure=None,
                                  next_due_us=self._due_us(delay_s)))
         if before.failures:
-            await self._audit.record("poll", "recovered", "ok", subject=self.name, details={
+            await self._audit.record("poll", "recovered", "ok", subject=self._subject, details={
                 "after_failures": before.failures, "last_failure": before.last_failure,
             })
         return PollReport(self.name, delay_s, new=new, not_modified=not_modified,
@@ -366,11 +367,11 @@ class Poller:
         # The cursor stays where it was: nothing after the failure is treated as seen.
         await self._save(replace(before, failures=failures, last_failure=reason,
                                  next_due_us=self._due_us(delay_s)))
-        await self._audit.record("poll", "failed", "failed", subject=self.name, details={
+        await self._audit.record("poll", "failed", "failed", subject=self._subject, details={
             "reason": reason, "consecutive_failures": failures, "retry_in_s": delay_s,
         })
         if failures == self._cfg.alert_after_failures:  # once per streak
-            await self._audit.record("alert", "undelivered", "failed", subject=self.name,
+            await self._audit.record("alert", "undelivered", "failed", subject=self._subject,
                                      details={
                 "about": f"poller {self.name}",
                 "reason": f"{failures} polls failed in a row; the last: {reason}",
