@@ -34,7 +34,7 @@ import signal
 import sys
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,7 @@ class TextReply:
     usage: Usage | None = DEFAULT_USAGE
     chunks: int = 2
     rate_limits: RateLimits | None = None
+    after: asyncio.Event | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,11 +169,17 @@ def text(
     usage: Usage | None = DEFAULT_USAGE,
     chunks: int = 2,
     rate_limits: RateLimits | None = None,
+    after: asyncio.Event | None = None,
 ) -> TextReply:
-    """An assistant message ``text``; ``usage=None`` omits usage from ``response.completed``."""
+    """An assistant message ``text``; ``usage=None`` omits usage from ``response.completed``.
+
+    With ``after``, the reply starts its stream at once but sends the message only once the
+    test sets that event (a slow model whose answer the test releases).
+    """
     if chunks < 1:
         raise ValueError(f"chunks must be at least 1, not {chunks}")
-    return TextReply(text=text, usage=usage, chunks=chunks, rate_limits=rate_limits)
+    return TextReply(text=text, usage=usage, chunks=chunks, rate_limits=rate_limits,
+                     after=after)
 
 
 def tool_call(
@@ -451,6 +458,8 @@ class ModelServer:
                 events = _stall_events(reply, f"msg_{serial}")
             case _:
                 raise AssertionError(f"unexpected reply {reply!r}")
+        if isinstance(reply, TextReply) and reply.after is not None:
+            await reply.after.wait()
         for event in events:
             await response.write(_encode(event))
         if isinstance(reply, StallReply):
