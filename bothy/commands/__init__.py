@@ -1,0 +1,27 @@
+"""What each ``bothy`` command does. Returns exit codes; ``bothy.cli`` parses and exits.
+
+Heavy imports (the engine, pydantic models) happen inside the command that needs them.
+"""
+
+from bothy.commands.foreground import cmd_answer, cmd_cancel, cmd_run
+from bothy.commands.operate import (
+    cmd_audit,
+    cmd_checklist,
+    cmd_doctor,
+    cmd_profile,
+    cmd_serve,
+)
+from bothy.commands.schedules import cmd_schedule, cmd_sop
+
+__all__ = [
+    "cmd_answer",
+    "cmd_audit",
+    "cmd_cancel",
+    "cmd_checklist",
+    "cmd_doctor",
+    "cmd_profile",
+    "cmd_run",
+    "cmd_schedule",
+    "cmd_serve",
+    "cmd_sop",
+]

@@ -1,0 +1,258 @@
+"""Commands an operator runs at a terminal: a run, its answer, its cancellation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any
+
+from bothy.commands._shared import load
+from bothy.errors import ConfigError, UsageError
+from bothy.exitcodes import OUTCOME_EXIT, ExitCode
+
+if TYPE_CHECKING:
+    from bothy.config import Config
+    from bothy.engine.run import RunRequest, RunResult
+    from bothy.home import BothyHome
+    from bothy.runtime import Runtime
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    from bothy.engine.run import RunRequest
+    from bothy.runtime import Runtime
+
+    home, cfg = load()
+    request = RunRequest(
+        prompt=_read_prompt(args.prompt),
+        subject=_subject(args.subject),
+        source="cli",
+        max_usd_micros=reservation_micros(args.max_usd, cfg),
+        wall_clock_s=_tighter(args.wall_clock, "--wall-clock", cfg.limits.wall_clock_s,
+                              "limits.wall_clock_s"),
+        max_tokens=_tighter(args.max_tokens, "--max-tokens", cfg.limits.max_tokens,
+                            "limits.max_tokens"),
+        profile=check_profile(args.profile, cfg),
+        # A foreground run may hold a question: answered at the terminal or by `bothy answer`.
+        can_hold=True,
+    )
+    check_workspace(home, cfg)
+    async with Runtime.open(home, cfg) as rt:
+        result = await run_in_foreground(rt, request)
+    return report_result(result)
+
+
+def check_workspace(home: BothyHome, cfg: Config) -> None:
+    from bothy.engine.supervisor import workspace_problem
+
+    if problem := workspace_problem(cfg.workspace):
+        raise ConfigError(f"{problem} (config key 'workspace' in {home.config_path})",
+                          path=home.config_path, key="workspace")
+
+
+async def run_in_foreground(rt: Runtime, request: RunRequest) -> RunResult:
+    """Run ``request`` here, showing progress on stderr; a first signal stops it gracefully."""
+    from bothy.engine.questions import QuestionBoard
+
+    supervisor = rt.supervisor()
+    await supervisor.recovery.sweep()
+    progress = _progress()
+    answers = _TerminalAnswers(progress, QuestionBoard(rt.db, clock=rt.clock))
+    try:
+        result: RunResult = await _until_signal(
+            lambda: supervisor.execute(request, answers), supervisor.stopping
+        )
+    finally:
+        answers.close()
+    if hasattr(progress, "finish"):
+        progress.finish()
+    return result
+
+
+def report_result(result: RunResult) -> int:
+    """Print a run's one line (outcome, id, cost, answer or reason); return its exit code."""
+    from bothy.money import format_usd
+
+    answered = result.outcome in ("completed", "verified")
+    shown = result.answer if answered else (result.reason or "")
+    cost = format_usd(result.cost_micros, 4)
+    print(f"{result.outcome} {result.run_id} {cost} usd {shown}".rstrip())
+    return OUTCOME_EXIT.get(result.outcome, ExitCode.FAILED)
+
+
+class _TerminalAnswers:
+    """Passes progress through; when a question is shown and stdin is a terminal, the next
+    line typed answers it (as ``bothy answer`` would from another shell)."""
+
+    def __init__(self, inner: Any, board: Any) -> None:
+        self._inner = inner
+        self._board = board
+        self._run_id: str | None = None
+        self._reading = False
+        self._pending: set[asyncio.Task[Any]] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def question(self, run_id: str, text: str) -> None:
+        self._inner.question(run_id, text)
+        self._run_id = run_id
+        if sys.stdin.isatty() and not self._reading:
+            asyncio.get_running_loop().add_reader(sys.stdin.fileno(), self._line)
+            self._reading = True
+
+    def _line(self, *_: Any) -> None:
+        line = sys.stdin.readline().strip()
+        if line and self._run_id is not None:
+            by = f"{os.environ.get('USER', 'operator')}@terminal"
+            task = asyncio.ensure_future(self._board.answer(self._run_id, line, by))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+
+    def close(self) -> None:
+        if self._reading:
+            asyncio.get_running_loop().remove_reader(sys.stdin.fileno())
+            self._reading = False
+
+
+async def _until_signal(work: Callable[[], Awaitable[Any]], stopping: asyncio.Event) -> Any:
+    """Run ``work``. A first SIGINT/SIGTERM only records the wish (``stopping``): the run
+    stops itself, settles and reaps its group. A second one skips the waits."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work())
+
+    def on_signal() -> None:
+        if stopping.is_set():
+            task.cancel("a second stop signal")
+        stopping.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal)
+    try:
+        return await task
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+
+
+def _progress() -> Any:
+    from bothy.progress import PlainProgress, TerminalProgress
+
+    return TerminalProgress() if sys.stderr.isatty() else PlainProgress()
+
+
+def check_profile(name: str | None, cfg: Config) -> str | None:
+    if name is not None and name not in cfg.profiles:
+        known = ", ".join(sorted(cfg.profiles)) or "none are configured"
+        raise UsageError(f"--profile {name!r} is not a configured profile ({known})")
+    return name
+
+
+def _read_prompt(prompt: str) -> str:
+    text = sys.stdin.read() if prompt == "-" else prompt
+    if not text.strip():
+        raise UsageError("the prompt is empty: give the text to run, or '-' to read stdin")
+    return text
+
+
+def _subject(subject: str) -> str:
+    if not subject or any(ch.isspace() for ch in subject) or len(subject) > 200:
+        raise UsageError(f"--subject {subject!r} must be one word (no spaces), e.g. pr:42")
+    return subject
+
+
+def _tighter(value: int | None, flag: str, configured: int | None, key: str) -> Any:
+    """A flag may tighten a configured limit, never loosen it."""
+    if value is None:
+        return configured
+    if value <= 0:
+        raise UsageError(f"{flag} must be a positive number, not {value}")
+    if configured is not None and value > configured:
+        raise UsageError(
+            f"{flag} {value} is above the configured {key} ({configured}): a flag may tighten"
+            " a limit, not loosen it"
+        )
+    return value
+
+
+def reservation_micros(value: str | None, cfg: Config) -> int:
+    from bothy.money import usd_to_micros
+
+    per_run = usd_to_micros(cfg.budget.per_run_usd)
+    if value is None:
+        return per_run
+    try:
+        amount = usd_to_micros(Decimal(value))
+    except (InvalidOperation, ValueError, OverflowError):
+        raise UsageError(f"--max-usd {value!r} is not an amount in usd, e.g. 0.25") from None
+    if amount <= 0:
+        raise UsageError(f"--max-usd must be more than 0, not {value}")
+    if amount > per_run:
+        raise UsageError(
+            f"--max-usd {value} is more than budget.per_run_usd ({cfg.budget.per_run_usd}):"
+            " a run may reserve less than the per-run limit, never more"
+        )
+    return amount
+
+
+async def cmd_cancel(args: argparse.Namespace) -> int:
+    from bothy.runtime import Runtime
+
+    home, cfg = load()
+    async with Runtime.open(home, cfg) as rt:
+        return await _cancel(rt, args.run_id)
+
+
+async def _cancel(rt: Runtime, run_id: str) -> int:
+    from bothy.engine.pool import WorkerPool
+
+    row = await rt.db.run(run_id)
+    if row is None:
+        raise UsageError(f"no run {run_id!r} in this site's state (see `bothy status`)")
+    if row.status == "finished":
+        print(f"{run_id} already finished: {row.outcome}")
+        return ExitCode.FAILED
+    await WorkerPool(rt.db, rt.cfg.pool, clock=rt.clock).request_cancel(run_id)
+    await rt.audit.record("run", "cancel-requested", "ok", subject=row.subject, run_id=run_id)
+    await rt.recovery().sweep()  # an orphan has nobody to hear the request: end it here
+    deadline = asyncio.get_running_loop().time() + rt.cfg.limits.stop_grace_s + 15
+    while asyncio.get_running_loop().time() < deadline:
+        current = await rt.db.run(run_id)
+        if current is not None and current.status == "finished":
+            print(f"{current.outcome} {run_id}")
+            return ExitCode.OK
+        await asyncio.sleep(0.1)
+    print(f"cancel requested for {run_id}; it has not finished yet (see `bothy status`)")
+    return ExitCode.TEMPFAIL
+
+
+async def cmd_answer(args: argparse.Namespace) -> int:
+    from bothy.engine.questions import Delivered, QuestionBoard
+    from bothy.runtime import Runtime
+
+    home, cfg = load()
+    text = args.text.strip()
+    if not text:
+        raise UsageError("the answer is empty: give yes, no, or the text to send")
+    by = f"{os.environ.get('USER', 'operator')}@shell"
+    async with Runtime.open(home, cfg) as rt:
+        row = await rt.db.run(args.run_id)
+        if row is None:
+            raise UsageError(f"no run {args.run_id!r} in this site's state (see `bothy status`)")
+        result = await QuestionBoard(rt.db, clock=rt.clock).answer(args.run_id, text, by)
+        if isinstance(result, Delivered):
+            await rt.audit.record("answer", "received", "ok", subject=row.subject,
+                                  run_id=args.run_id, details={"by": by, "answer": text,
+                                                               "question": result.question})
+            print(f"answered {args.run_id}: {result.question}")
+            return ExitCode.OK
+        await rt.audit.record("answer", "late", "ok", subject=row.subject, run_id=args.run_id,
+                              details={"by": by, "answer": text,
+                                       "note": "nothing was waiting: the run had moved on"})
+        print(f"{args.run_id} has no pending question: the run had moved on (recorded as late)")
+        return ExitCode.FAILED

@@ -1,0 +1,94 @@
+"""Commands that look after the site: the register, the doctor, the checklist, profiles,
+and the daemon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from bothy.commands._shared import load
+from bothy.errors import UsageError
+from bothy.exitcodes import ExitCode
+
+if TYPE_CHECKING:
+    pass
+
+
+async def cmd_audit(args: argparse.Namespace) -> int:
+    from bothy.engine.audit import AuditLog
+    from bothy.home import BothyHome
+
+    home = BothyHome.from_env()
+    log = AuditLog(home.audit_path)
+    if args.action == "verify":
+        report = await asyncio.to_thread(log.verify)
+        if report.ok:
+            print(f"audit chain intact: {report.count} records verified")
+            return ExitCode.OK
+        print(f"audit chain broken: {report.problem}")
+        return ExitCode.FAILED
+    since = _since(args.since) if args.since else None
+    records = await asyncio.to_thread(lambda: list(log.records(run_id=args.run_id, since=since)))
+    for record in records:
+        print(record.to_json() if args.json else record.human_line())
+    return ExitCode.OK
+
+
+def _since(value: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise UsageError(
+            f"--since {value!r} is not an ISO-8601 time, e.g. 2026-09-24T10:00Z"
+        ) from None
+    if moment.tzinfo is None:
+        raise UsageError(f"--since {value!r} needs a time zone, e.g. 2026-09-24T10:00+00:00")
+    return moment
+
+
+async def cmd_doctor(args: argparse.Namespace) -> int:
+    from bothy.doctor import run_doctor
+
+    report = await run_doctor()
+    for line in report.lines():
+        print(line)
+    if report.config_error:
+        return ExitCode.CONFIG
+    return ExitCode.FAILED if report.failed else ExitCode.OK
+
+
+
+
+async def cmd_checklist(args: argparse.Namespace) -> int:
+    from bothy.engine.checklist import Checklist
+    from bothy.home import BothyHome
+
+    checklist = Checklist(BothyHome.from_env().checklist_path)
+    text = await asyncio.to_thread(checklist.render)
+    print(text or "(the checklist is empty)")
+    return ExitCode.OK
+
+
+async def cmd_profile(args: argparse.Namespace) -> int:
+    from bothy.profiles import describe_profile, profile_lines
+
+    _, cfg = load()
+    if args.action == "list":
+        for line in profile_lines(cfg) or ["(no profiles configured)"]:
+            print(line)
+        return ExitCode.OK
+    if args.name not in cfg.profiles:
+        known = ", ".join(sorted(cfg.profiles)) or "none are configured"
+        raise UsageError(f"no profile {args.name!r} ({known})")
+    print(describe_profile(args.name, cfg.profiles[args.name]))
+    return ExitCode.OK
+
+
+async def cmd_serve(args: argparse.Namespace) -> int:
+    from bothy.daemon import Daemon
+
+    home, cfg = load()
+    return await Daemon(home, cfg).serve()
