@@ -20,15 +20,18 @@ import enum
 import fcntl
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
+
 from bothy.config import Config
-from bothy.errors import ConfigError, TemporaryFailure
+from bothy.errors import BothyError, ConfigError, TemporaryFailure
 from bothy.home import BothyHome
 from bothy.runtime import Runtime
 from bothy.wakes.dispatcher import Dispatcher
 from bothy.wakes.inbox import Inbox
+from bothy.wakes.poller import Poller
 from bothy.wakes.schedules import ScheduleRunner, ScheduleStore
 from bothy.wakes.webhook import WebhookListener
 
@@ -84,13 +87,20 @@ class Daemon:
             "schedules": len(schedules.next_fires()), "missed_fires_queued": missed,
         })
         self.state = State.READY
-        async with asyncio.TaskGroup() as group:
+        polls_stop = asyncio.Event()
+        async with asyncio.TaskGroup() as group, _http_client(self._cfg) as http:
             intake = group.create_task(dispatcher.run(), name="dispatcher")
+            for name, spec in self._cfg.pollers.items():
+                one = Poller(name, spec, inbox=inbox, db=rt.db, audit=rt.audit, clock=rt.clock,
+                             http=http, environ=os.environ, cwd=self._cfg.workspace,
+                             on_accepted=dispatcher.poke)
+                group.create_task(_keep_polling(one, polls_stop, rt), name=f"poll-{name}")
             await self._stop.wait()
             self.state = State.DRAINING
             for listener in listeners:
                 await listener.stop()
             await schedules.stop()
+            polls_stop.set()
             dispatcher.stop_intake()
             await intake
             await self._drain(dispatcher, supervisor.stopping)
@@ -168,6 +178,22 @@ async def _first(work: object, hurry: asyncio.Event) -> bool:
     with contextlib.suppress(asyncio.CancelledError):
         await task
     return False
+
+
+@contextlib.asynccontextmanager
+async def _http_client(cfg: Config) -> AsyncIterator[httpx.AsyncClient]:
+    """One client for every poller; redirects are not followed (a poller names its URL)."""
+    async with httpx.AsyncClient(follow_redirects=False) as client:
+        yield client
+
+
+async def _keep_polling(poller: Poller, stop: asyncio.Event, rt: Runtime) -> None:
+    """A poller whose state or audit fails is recorded and stopped; the daemon stays up."""
+    try:
+        await poller.run(stop)
+    except BothyError as exc:
+        await rt.audit.record("poll", "stopped", "failed", subject=f"poll:{poller.name}",
+                              details={"reason": str(exc)})
 
 
 def _check_secrets(cfg: Config) -> None:

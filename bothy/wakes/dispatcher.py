@@ -16,20 +16,20 @@ the daemon can tell a wake whose run never started (run it) from one whose run w
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from bothy.clock import Clock, from_us, to_us
 from bothy.config import Config, WebhookRoute
 from bothy.engine.audit import AuditLog
 from bothy.engine.framing import new_token
-from bothy.engine.run import RunRequest, new_run_id
+from bothy.engine.run import RunRequest, SilentProgress, new_run_id
 from bothy.engine.supervisor import Supervisor
 from bothy.home import BothyHome
 from bothy.money import usd_to_micros
-from bothy.wakes import schedules
+from bothy.wakes import poller, schedules
 from bothy.wakes.inbox import Delivery, Inbox, WakeRow
-from bothy.wakes.jobs import Ignored, decode_payload, match
+from bothy.wakes.jobs import Ignored, decode_payload, match, render_prompt, render_subject
 
 _IDLE_POLL_S = 1.0  # retries fall due without anyone poking the dispatcher
 
@@ -73,9 +73,14 @@ class Dispatcher:
                 if not self._intake:
                     break
                 if await self._inbox.claim(wake.id):
-                    task = asyncio.create_task(self._handle(wake), name=f"wake-{wake.id}")
+                    admitted = _Admission()
+                    task = asyncio.create_task(self._handle(wake, admitted),
+                                               name=f"wake-{wake.id}")
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
+                    # One admission at a time, in arrival order: two deliveries for one lane
+                    # must queue in the order they came, not in the order their files load.
+                    await _first_done(admitted.event.wait(), task)
             self._poke.clear()
             try:
                 async with asyncio.timeout(_IDLE_POLL_S):
@@ -100,7 +105,7 @@ class Dispatcher:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _handle(self, wake: WakeRow) -> None:
+    async def _handle(self, wake: WakeRow, admitted: _Admission) -> None:
         delivery = await self._inbox.load(wake)
         run_id = new_run_id(self._clock)  # a fresh id per attempt: a refused id is spent
         details = {"route": wake.route, "event": wake.event, "action": wake.action,
@@ -108,13 +113,15 @@ class Dispatcher:
                    "attempt": wake.attempts + 1}
         if wake.source == schedules.SOURCE:
             request = await self._scheduled(delivery, run_id, details)
+        elif wake.source == poller.SOURCE:
+            request = self._polled(wake, delivery, run_id, details)
         else:
             request = self._delivered(wake, delivery, run_id, details)
         if isinstance(request, str):
             await self._ignore(wake, run_id, details, request)
             return
         await self._inbox.set_run(wake.id, run_id)
-        result = await self._supervisor.execute(request)
+        result = await self._supervisor.execute(request, admitted)
         if result.outcome == "refused":
             await self._refused(wake, result.reason or "refused", details)
             return
@@ -142,6 +149,32 @@ class Dispatcher:
             profile=job.profile,
             trusted=False,  # a signature authenticates the sender, not the content
             can_hold=False,  # nobody is in a thread to answer: questions decline at once
+            run_id=run_id,
+            wake_details=details,
+        )
+
+    def _polled(
+        self, wake: WakeRow, delivery: Delivery, run_id: str, details: dict[str, Any]
+    ) -> RunRequest | str:
+        """Something new a poller saw, run as untrusted input; or why it wakes nothing."""
+        spec = self._cfg.pollers.get(wake.route)
+        if spec is None:
+            return "its poller is no longer configured"
+        payload = decode_payload(delivery.body)
+        raw = None if payload is not None else delivery.body.decode(errors="replace")
+        job = spec.job
+        token = new_token()
+        return RunRequest(
+            prompt=render_prompt(job, payload or {}, wake.route, "poll", token, raw=raw,
+                                 what="poller"),
+            subject=render_subject(job.subject, payload or {}, wake.route),
+            source="poll",
+            max_usd_micros=usd_to_micros(job.max_usd or self._cfg.budget.per_run_usd),
+            wall_clock_s=self._cfg.limits.wall_clock_s,
+            max_tokens=self._cfg.limits.max_tokens,
+            profile=job.profile,
+            trusted=False,  # whoever wrote what the poll fetched is unknown (rule 6)
+            can_hold=False,
             run_id=run_id,
             wake_details=details,
         )
@@ -185,6 +218,27 @@ class Dispatcher:
                                  details={**details, "reason": reason, "retry_in_s": delay_s})
 
 
+class _Admission(SilentProgress):
+    """Hears when the supervisor has admitted (or refused) a wake's run."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def admitted(self, run_id: str) -> None:
+        self.event.set()
+
+
+async def _first_done(waiting: Coroutine[Any, Any, Any], task: asyncio.Task[None]) -> None:
+    """Return when ``waiting`` completes or ``task`` ends, whichever is first."""
+    waiter = asyncio.ensure_future(waiting)
+    try:
+        await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+
+
 def _subject(wake: WakeRow) -> str:
-    """The subject of a wake's own records: the route, or ``schedule:NAME``."""
-    return f"schedule:{wake.route}" if wake.source == schedules.SOURCE else wake.route
+    """The subject of a wake's own records: the route, ``schedule:NAME`` or ``poll:NAME``."""
+    if wake.source in (schedules.SOURCE, poller.SOURCE):
+        return f"{wake.source}:{wake.route}"
+    return wake.route

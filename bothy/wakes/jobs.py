@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from bothy.config import WebhookJob, WebhookRoute
+from bothy.config import WakeJob, WebhookJob, WebhookRoute
 from bothy.engine.framing import frame, inline
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z0-9_.-]+)\}")
@@ -74,15 +74,24 @@ def render_subject(template: str, payload: dict[str, Any], route_name: str) -> s
 
 
 def render_prompt(
-    job: WebhookJob, payload: dict[str, Any], route_name: str, event: str, token: str
+    job: WakeJob,
+    payload: dict[str, Any],
+    route_name: str,
+    event: str,
+    token: str,
+    *,
+    raw: str | None = None,
+    what: str = "webhook route",
 ) -> str:
+    """The instruction with framed placeholders, then the payload (or ``raw``), framed."""
     def fill(found: re.Match[str]) -> str:
         value = _lookup(payload, found.group(1))
         return inline("" if value is None else str(value), token=token)
 
     instruction = _PLACEHOLDER.sub(fill, job.prompt)
-    body = json.dumps(payload, indent=1, ensure_ascii=False, sort_keys=True)
-    source = f"the '{event}' delivery of webhook route '{route_name}'"
+    body = raw if raw is not None else json.dumps(payload, indent=1, ensure_ascii=False,
+                                                   sort_keys=True)
+    source = f"the '{event}' delivery of {what} '{route_name}'"
     return f"{instruction}\n\n{frame(body, token=token, source=source)}"
 
 
