@@ -355,6 +355,32 @@ class WakesConfig(_Section):
     missed_fire_grace_s: int = Field(default=3600, ge=60, le=86400)
 
 
+class SlackConfig(_Section):
+    """Slack over Socket Mode: tokens come from the environment, never from this file."""
+
+    bot_token_env: str = "SLACK_BOT_TOKEN"
+    app_token_env: str = "SLACK_APP_TOKEN"
+    api_url: str | None = None  # the Web API base URL; only tests point it elsewhere
+    allowed_users: list[str] = Field(default_factory=list)  # Slack user ids (U…)
+    alert_channel: str | None = None
+
+
+class DiscordConfig(_Section):
+    """Discord over the gateway: the token comes from the environment."""
+
+    token_env: str = "DISCORD_BOT_TOKEN"
+    message_content_intent: bool = True  # needed to read replies that do not mention the bot
+    allowed_users: list[str] = Field(default_factory=list)  # Discord user ids
+    alert_channel: str | None = None
+
+
+class ChatConfig(_Section):
+    """The chat connections `bothy serve` keeps; either, both or none."""
+
+    slack: SlackConfig | None = None
+    discord: DiscordConfig | None = None
+
+
 class Config(_Section):
     """The whole configuration of one Bothy site."""
 
@@ -369,6 +395,7 @@ class Config(_Section):
     webhooks: dict[str, WebhookRoute] = Field(default_factory=dict)
     pollers: dict[str, PollerConfig] = Field(default_factory=dict)
     wakes: WakesConfig = Field(default_factory=WakesConfig)
+    chat: ChatConfig = Field(default_factory=ChatConfig)
 
     @field_validator("site")
     @classmethod

@@ -11,7 +11,10 @@
     ├── CodexNotFoundError     the configured codex command is missing or not executable
     ├── AppServerError         the codex app-server misbehaved or died
     │   └── RpcProtocolError   a frame that is not valid JSON-RPC
-    └── ProcessGroupError      a worker's process group could not be started or stopped
+    ├── ProcessGroupError      a worker's process group could not be started or stopped
+    └── ChatError              a chat platform refused or failed a call
+        ├── ChatAuthError      a token the platform refuses (a configuration error: exit 78)
+        └── ChatUnavailable    the platform cannot be reached now (exit 75)
 
 A refusal (budget, pool, lane) is *not* an exception: gates return values (see
 ``bothy.engine.budget``). Exceptions are for what nobody can plan around.
@@ -97,3 +100,19 @@ class ListenerError(TemporaryFailure):
         self.host = host
         self.port = port
         super().__init__(message)
+
+
+class ChatError(BothyError):
+    """A chat platform refused or failed a call. ``platform`` is "slack" or "discord"."""
+
+    def __init__(self, message: str, *, platform: str) -> None:
+        self.platform = platform
+        super().__init__(message)
+
+
+class ChatAuthError(ChatError):
+    """The platform refuses the token: fix the configuration (exit 78)."""
+
+
+class ChatUnavailable(ChatError):
+    """The platform cannot be reached now: try again later (exit 75)."""
