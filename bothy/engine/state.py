@@ -24,7 +24,7 @@ import aiosqlite
 
 from bothy.errors import StateError
 
-_SCHEMA_VERSION = 5
+_SCHEMA_VERSION = 6
 _BUSY_TIMEOUT_MS = 30_000
 
 _SCHEMA = """
@@ -126,6 +126,15 @@ CREATE TABLE IF NOT EXISTS schedules (
     created_us     INTEGER NOT NULL,
     last_fire_us   INTEGER,
     next_fire_us   INTEGER
+);
+CREATE TABLE IF NOT EXISTS chat_threads (
+    thread_key   TEXT PRIMARY KEY,
+    platform     TEXT NOT NULL,
+    channel      TEXT NOT NULL,
+    thread       TEXT NOT NULL,
+    last_run_id  TEXT,
+    last_answer  TEXT,
+    updated_us   INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS pollers (
     name          TEXT PRIMARY KEY,

@@ -19,12 +19,16 @@ import asyncio
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
+from bothy.chat import router as chat_router
+from bothy.chat.base import ChatMessage
+from bothy.chat.router import ChatRouter
 from bothy.clock import Clock, from_us, to_us
 from bothy.config import Config, WebhookRoute
 from bothy.engine.audit import AuditLog
 from bothy.engine.framing import new_token
 from bothy.engine.run import RunRequest, SilentProgress, new_run_id
 from bothy.engine.supervisor import Supervisor
+from bothy.errors import ChatError
 from bothy.home import BothyHome
 from bothy.money import usd_to_micros
 from bothy.wakes import poller, schedules
@@ -57,6 +61,11 @@ class Dispatcher:
         self._poke = asyncio.Event()
         self._intake = True
         self._tasks: set[asyncio.Task[None]] = set()
+        self._chat: ChatRouter | None = None
+
+    def attach_chat(self, router: ChatRouter) -> None:
+        """Chat wakes are answered through ``router``'s adapters from now on."""
+        self._chat = router
 
     def poke(self) -> None:
         """A new wake is in the inbox: look now rather than at the next poll."""
@@ -111,6 +120,9 @@ class Dispatcher:
         details = {"route": wake.route, "event": wake.event, "action": wake.action,
                    "delivery": wake.key, "received_at": from_us(wake.received_us).isoformat(),
                    "attempt": wake.attempts + 1}
+        if wake.source == chat_router.SOURCE and self._chat is not None:
+            await self._chat_wake(wake, delivery, run_id, details, admitted)
+            return
         if wake.source == schedules.SOURCE:
             request = await self._scheduled(delivery, run_id, details)
         elif wake.source == poller.SOURCE:
@@ -152,6 +164,48 @@ class Dispatcher:
             run_id=run_id,
             wake_details=details,
         )
+
+    async def _chat_wake(
+        self,
+        wake: WakeRow,
+        delivery: Delivery,
+        run_id: str,
+        details: dict[str, Any],
+        admitted: _Admission,
+    ) -> None:
+        """A mention: seen, answered in its thread, one run at a time per thread."""
+        router = self._chat
+        assert router is not None
+        message, continued_from = chat_router.message_of(delivery.body)
+        adapter = router.adapters.get(message.platform)
+        if adapter is None:
+            await self._ignore(wake, run_id, details, f"{message.platform} is not connected")
+            return
+        try:
+            await adapter.react(message, chat_router.SEEN)
+            thread = await adapter.open_thread(message)
+        except ChatError as exc:
+            await self._audit.record("chat", "thread-failed", "failed", subject=wake.route,
+                                     details={**details, "reason": str(exc)})
+            thread = message.thread
+        prompt = message.text
+        if continued_from:
+            prompt = (f"Earlier in this conversation you answered:\n{continued_from}\n\n"
+                      f"The person now says:\n{message.text}")
+        request = RunRequest(
+            prompt=prompt, subject=f"{message.platform}:{thread}", source="chat",
+            max_usd_micros=usd_to_micros(self._cfg.budget.per_run_usd),
+            wall_clock_s=self._cfg.limits.wall_clock_s, max_tokens=self._cfg.limits.max_tokens,
+            trusted=True,  # an allowed account wrote it
+            can_hold=True,  # someone is in the thread to answer
+            run_id=run_id, wake_details={**details, "user": message.user},
+        )
+        await self._inbox.set_run(wake.id, run_id)
+        await router.remember(message, thread, run_id)
+        shown = _ChatProgress(router, message, thread, admitted)
+        result = await self._supervisor.execute(request, shown)
+        await router.deliver(message, thread, result)
+        await self._inbox.finish(wake.id, "done", run_id=run_id, note=result.outcome)
 
     def _polled(
         self, wake: WakeRow, delivery: Delivery, run_id: str, details: dict[str, Any]
@@ -216,6 +270,29 @@ class Dispatcher:
                                       note=f"attempt {attempts} refused: {reason}")
         await self._audit.record("wake", "deferred", "pending", subject=_subject(wake),
                                  details={**details, "reason": reason, "retry_in_s": delay_s})
+
+
+class _ChatProgress(SilentProgress):
+    """A chat run's progress: admission for the dispatcher, questions into the thread."""
+
+    def __init__(self, router: ChatRouter, message: ChatMessage, thread: str,
+                 admission: _Admission) -> None:
+        self._router = router
+        self._message = message
+        self._thread = thread
+        self._admission = admission
+        self._posts: set[asyncio.Task[None]] = set()
+
+    def admitted(self, run_id: str) -> None:
+        self._admission.admitted(run_id)
+
+    def question(self, run_id: str, text: str) -> None:
+        text = f"? {text}\nReply in this thread (yes or no for an approval)."
+        task = asyncio.ensure_future(self._router.post(
+            self._message.platform, self._message.channel, self._thread, text, run_id=run_id
+        ))
+        self._posts.add(task)
+        task.add_done_callback(self._posts.discard)
 
 
 class _Admission(SilentProgress):
