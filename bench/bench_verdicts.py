@@ -35,6 +35,7 @@ class _NoOne:
 async def _measure(tool: str) -> list[float]:
     from bothy.clock import utc_now
     from bothy.config import ProfileConfig
+    from bothy.engine.alerts import Alerts
     from bothy.engine.audit import AuditLog
     from bothy.engine.checklist import Checklist
     from bothy.engine.questions import QuestionBoard
@@ -52,10 +53,12 @@ async def _measure(tool: str) -> list[float]:
         async def never() -> str | None:
             return None
 
+        audit = AuditLog(root / "audit.jsonl")
         toolbox = Toolbox(
-            scope, audit=AuditLog(root / "audit.jsonl"), board=QuestionBoard(db, clock=utc_now),
+            scope, audit=audit, board=QuestionBoard(db, clock=utc_now),
             approvals=ApprovalStore(db, clock=utc_now), checklist=Checklist(root / "c.md"),
-            mcp=None, asker=_NoOne(), should_stop=never, hold_left_s=lambda: 60.0,
+            mcp=None, asker=_NoOne(), alerts=Alerts(audit, site="bench", clock=utc_now),
+            should_stop=never, hold_left_s=lambda: 60.0,
         )
         keep = _Keep()
         for n in range(CALLS):

@@ -93,7 +93,7 @@ class Daemon:
             for name, spec in self._cfg.pollers.items():
                 one = Poller(name, spec, inbox=inbox, db=rt.db, audit=rt.audit, clock=rt.clock,
                              http=http, environ=os.environ, cwd=self._cfg.workspace,
-                             on_accepted=dispatcher.poke)
+                             on_accepted=dispatcher.poke, alerts=supervisor.alerts)
                 group.create_task(_keep_polling(one, polls_stop, rt), name=f"poll-{name}")
             await self._stop.wait()
             self.state = State.DRAINING

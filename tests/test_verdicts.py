@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from bothy.config import ProfileConfig
+from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog, AuditRecord
 from bothy.engine.checklist import MAX_ITEM_CHARS, Checklist
 from bothy.engine.questions import Answered, Delivered, Expired, Late, QuestionBoard
@@ -569,6 +570,7 @@ def toolbox(
     box = Toolbox(scope, audit=audit, board=QuestionBoard(db, clock=clock),
                   approvals=ApprovalStore(db, clock=clock),
                   checklist=Checklist(tmp_path / "checklist.md"), mcp=None, asker=Questions(),
+                  alerts=Alerts(audit, site="test-site", clock=clock),
                   should_stop=should_stop, hold_left_s=lambda: 60.0)
     return box, audit
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from bothy.clock import Clock
 from bothy.config import Config, Price
+from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog
 from bothy.engine.budget import Admitted, BudgetGate, Refused, Ticket
 from bothy.engine.checklist import Checklist
@@ -104,6 +105,7 @@ class Supervisor:
         self.budget = BudgetGate(db, cfg.budget, self._prices, clock=clock)
         self.pool = WorkerPool(db, cfg.pool, clock=clock)
         self.recovery = Recovery(db, audit, clock=clock, grace_s=cfg.limits.stop_grace_s)
+        self.alerts = Alerts(audit, site=cfg.site, clock=clock)
         self._owner_start = process_start_time(os.getpid())
         # Set by the owner (a signal handler) to stop every run of this process gracefully.
         self.stopping = asyncio.Event()
@@ -236,7 +238,7 @@ class Supervisor:
         scope = RunScope(run_id, request.subject, request.profile, profile, request.trusted,
                          request.can_hold)
         return Toolbox(scope, audit=self._audit, board=self._board, approvals=self._approvals,
-                       checklist=self._checklist, mcp=mcp, asker=progress,
+                       checklist=self._checklist, mcp=mcp, asker=progress, alerts=self.alerts,
                        should_stop=should_stop, hold_left_s=hold_left_s)
 
     async def _converse(
@@ -312,10 +314,8 @@ class Supervisor:
             if ended[0] != "completed":
                 return ended
         reason = f"still failing verification after {check.max_attempts} attempts: {failure}"
-        await self._audit.record("alert", "undelivered", "failed", subject=turn.subject,
-                                 run_id=turn.run_id, details={"about": "unverified run",
-                                                              "reason": reason,
-                                                              "route": "none configured"})
+        await self.alerts.raise_alert("unverified run", reason, subject=turn.subject,
+                                      run_id=turn.run_id)
         return "unverified", reason, ended[2]
 
     async def _turn_started(

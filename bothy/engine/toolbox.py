@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bothy.config import ProfileConfig
+from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog
 from bothy.engine.checklist import SPEC as CHECKLIST_SPEC
 from bothy.engine.checklist import Checklist
@@ -76,6 +77,7 @@ class Toolbox:
         checklist: Checklist,
         mcp: McpHost | None,
         asker: Asker,
+        alerts: Alerts,
         should_stop: Callable[[], Awaitable[str | None]],
         hold_left_s: Callable[[], float],
     ) -> None:
@@ -86,6 +88,7 @@ class Toolbox:
         self._checklist = checklist
         self._mcp = mcp
         self._asker = asker
+        self._alerts = alerts
         self._should_stop = should_stop
         self._hold_left_s = hold_left_s
         self.verdicts = VerdictEngine(
@@ -267,10 +270,9 @@ class Toolbox:
                            {"tool": call.tool, "call": call.summary, "code": verdict.code,
                             "reason": verdict.reason})
         if verdict.alert:
-            # No alert route exists yet (chat alerts come later): say so in the register.
-            await self._record("alert", "undelivered", "failed",
-                               {"about": call.tool, "reason": verdict.reason,
-                                "route": "none configured"})
+            await self._alerts.raise_alert(call.tool, verdict.reason,
+                                           subject=self._scope.subject,
+                                           run_id=self._scope.run_id)
 
     async def _record(self, kind: str, event: str, outcome: str, details: dict[str, Any]) -> None:
         await self._audit.record(kind, event, outcome, subject=self._scope.subject,

@@ -260,9 +260,8 @@ class Dispatcher:
             await self._inbox.finish(wake.id, "abandoned", run_id=None, note=note)
             await self._audit.record("wake", "abandoned", "failed", subject=_subject(wake),
                                      details={**details, "reason": note})
-            await self._audit.record("alert", "undelivered", "failed", subject=_subject(wake),
-                                     details={"about": f"wake {wake.key}", "reason": note,
-                                              "route": "none configured"})
+            await self._supervisor.alerts.raise_alert(f"wake {wake.key}", note,
+                                                      subject=_subject(wake))
             return
         delay_s = min(wakes.retry_first_s * 2 ** (attempts - 1), wakes.retry_max_s)
         next_try_us = to_us(self._clock()) + int(delay_s * 1_000_000)

@@ -51,6 +51,7 @@ import httpx
 
 from bothy.clock import Clock, to_us
 from bothy.config import PollerConfig, PollItems
+from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog
 from bothy.engine.procgroup import ProcessGroup
 from bothy.engine.state import StateDB
@@ -161,8 +162,10 @@ class Poller:
         environ: Mapping[str, str],
         cwd: Path,
         on_accepted: Callable[[], None],
+        alerts: Alerts | None = None,
     ) -> None:
         self.name = name
+        self._alerts = alerts or Alerts(audit, site="-", clock=clock)
         self._cfg = cfg
         self._inbox = inbox
         self._db = db
@@ -371,12 +374,10 @@ class Poller:
             "reason": reason, "consecutive_failures": failures, "retry_in_s": delay_s,
         })
         if failures == self._cfg.alert_after_failures:  # once per streak
-            await self._audit.record("alert", "undelivered", "failed", subject=self._subject,
-                                     details={
-                "about": f"poller {self.name}",
-                "reason": f"{failures} polls failed in a row; the last: {reason}",
-                "route": "none configured",
-            })
+            await self._alerts.raise_alert(
+                f"poller {self.name}", f"{failures} polls failed in a row; the last: {reason}",
+                subject=self._subject,
+            )
         return PollReport(self.name, delay_s, new=new, failure=reason,
                           consecutive_failures=failures)
 
