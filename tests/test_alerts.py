@@ -1,0 +1,67 @@
+"""Alerts name the site and subject, are deduplicated, and are audited sent or undelivered."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from bothy.engine.alerts import Alerts
+from bothy.engine.audit import AuditLog
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 9, 24, 10, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def _events(log: AuditLog) -> list[tuple[str, str, str]]:
+    return [(r.kind, r.event, r.outcome) for r in log.records()]
+
+
+async def test_an_alert_with_no_route_is_audited_as_undelivered(tmp_path: Path) -> None:
+    """Nowhere to send it: the register says so, naming the missing route."""
+    log = AuditLog(tmp_path / "audit.jsonl")
+    alerts = Alerts(log, site="acme-mini", clock=_Clock())
+    await alerts.raise_alert("wake d-1", "abandoned after 5 attempts", subject="run:pr:42")
+    (record,) = list(log.records())
+    assert (record.kind, record.event, record.outcome) == ("alert", "undelivered", "failed")
+    assert record.details["route"] == "none configured"
+
+
+async def test_an_alert_goes_to_its_route_once_within_the_window(tmp_path: Path) -> None:
+    """The text names level, site and subject; a repeat is folded until the window passes."""
+    log = AuditLog(tmp_path / "audit.jsonl")
+    clock = _Clock()
+    sent: list[str] = []
+
+    async def sink(text: str) -> str:
+        sent.append(text)
+        return "slack:C-ALERTS"
+
+    alerts = Alerts(log, site="acme-mini", clock=clock, repeat_after_s=600)
+    alerts.route_to(sink)
+    await alerts.raise_alert("tool gmail.send", "needs a person", subject="run:pr:42")
+    await alerts.raise_alert("tool gmail.send", "needs a person", subject="run:pr:42")
+    clock.now += timedelta(seconds=601)
+    await alerts.raise_alert("tool gmail.send", "needs a person", subject="run:pr:42")
+    assert sent == ["! **WARNING** `acme-mini` — run:pr:42: needs a person"] * 2
+    assert _events(log) == [("alert", "sent", "ok"), ("alert", "suppressed", "ok"),
+                            ("alert", "sent", "ok")]
+
+
+async def test_a_failing_route_is_audited_as_undelivered(tmp_path: Path) -> None:
+    """A route that fails does not lose the alert silently."""
+    log = AuditLog(tmp_path / "audit.jsonl")
+
+    async def broken(text: str) -> str:
+        raise ConnectionError("slack is down")
+
+    alerts = Alerts(log, site="acme-mini", clock=_Clock())
+    alerts.route_to(broken)
+    await alerts.raise_alert("poller feed", "3 polls failed", subject="poll:feed")
+    (record,) = list(log.records())
+    assert (record.event, record.details["route"]) == ("undelivered", "failed")
+    assert "slack is down" in record.details["error"]
