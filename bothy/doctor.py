@@ -75,8 +75,7 @@ async def run_doctor(home: BothyHome | None = None) -> DoctorReport:
     report.checks += [_workspace(cfg), _prices(cfg), _budget_mode(), _fts5()]
     report.checks += [
         Check("warn", "cairn", "not configured (the Cairn ledger is not built yet)"),
-        Check("warn", "alert route", "not configured: a failure nobody hears about is not"
-              " handled (chat alerts are not built yet)"),
+        _alert_route(cfg),
     ]
     return report
 
@@ -158,6 +157,16 @@ def _prices(cfg: Config) -> Check:
     if PriceTable(cfg.budget.prices).lookup(cfg.codex.model) is None:
         return Check("fail", "prices", f"no price for model '{cfg.codex.model}' in budget.prices")
     return Check("ok", "prices", f"model '{cfg.codex.model}' has a price")
+
+
+def _alert_route(cfg: Config) -> Check:
+    routes = [f"{name} {section.alert_channel}"
+              for name, section in (("slack", cfg.chat.slack), ("discord", cfg.chat.discord))
+              if section is not None and section.alert_channel]
+    if routes:
+        return Check("ok", "alert route", ", ".join(routes))
+    return Check("warn", "alert route", "not configured: a failure nobody hears about is not"
+                 " handled (set chat.slack.alert_channel or chat.discord.alert_channel)")
 
 
 def _budget_mode() -> Check:
