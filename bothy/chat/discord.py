@@ -1,0 +1,498 @@
+"""Discord over the gateway, with discord.py (SPEC §5 "Chat"; contracts.md §3).
+
+:class:`DiscordAdapter` keeps one gateway connection (a ``discord.Client`` made inside the
+running loop) and hands Bothy the messages meant for it as :class:`ChatMessage` values:
+
+* a message that mentions the bot, anywhere it can read;
+* a message in a thread the bot is in (a thread it started, one it was mentioned in, or one
+  Discord says it is a member of), mentioned or not.
+
+Everything else is dropped: the bot's own messages (Discord echoes them back), other bots' and
+webhooks' messages (no bot loops), system messages (thread created, pins, joins…).
+Replies that do not mention the bot carry text only with the privileged MESSAGE_CONTENT intent
+(``message_content_intent``, on by default); without it they arrive empty and are dropped.
+
+What the fields hold: ``dedupe_key`` and ``message_id`` are the message's id (a snowflake,
+unique across Discord); ``channel`` is where it was posted (a channel id, or a thread id for a
+message in a thread); ``thread`` is the conversation: the thread's id for a message in a
+thread, else the message's own id — which is also the id of the thread :meth:`open_thread`
+starts from it (contracts.md §3.4), so the conversation key does not change when the thread
+is opened. ``text`` is the content without the bot's mention.
+
+Discord has no acknowledgement and no redelivery: discord.py has taken an event off the socket
+(and advanced the sequence number a RESUME would replay from) before its handler runs. The
+adapter awaits ``on_message`` for each message, one at a time in arrival order, and
+:meth:`stop` lets the calls in flight finish (within ``stop_grace_s``) after closing the
+gateway. A message whose ``on_message`` raises is logged and lost, as is one Discord sends
+while the session cannot be resumed (op 9 ``d: false``). Reconnecting and resuming are
+discord.py's: a dropped socket, a resumable close code, op 7 or op 9 ``d: true`` lead to a
+RESUME on READY's ``resume_gateway_url``, and Discord replays what was missed.
+
+Outgoing messages are split with :func:`split_text` at :data:`DISCORD_MAX_CHARS` and each
+piece carries a fresh ``nonce`` with ``enforce_nonce`` (discord.py sends both): when discord.py
+retries a request whose response was lost (a 5xx), Discord returns the message it already made
+instead of posting it twice. Nothing the bot posts pings anyone (``AllowedMentions.none()``):
+an answer quoting ``@everyone`` stays text.
+
+No ``discord`` or ``aiohttp`` exception leaves this module (:func:`translate_error`): a refused
+token (401, close 4004) or a refused intent (4013, 4014) is :class:`ChatAuthError`, an
+unreachable or failing Discord (connection errors, timeouts, 5xx, 429) is
+:class:`ChatUnavailable`, anything else :class:`ChatError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import secrets
+import warnings
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Literal
+
+import aiohttp
+
+from bothy.chat.base import DISCORD_MAX_CHARS, ChatMessage, OnMessage, split_text
+from bothy.config import DiscordConfig
+from bothy.errors import ChatAuthError, ChatError, ChatUnavailable
+
+with warnings.catch_warnings():
+    # discord.py's voice player imports audioop, deprecated by PEP 594 and warned about on
+    # import by Python 3.11 and 3.12. Bothy has no voice; the warning would only be noise
+    # (and an error under the tests' filterwarnings = error).
+    warnings.filterwarnings("ignore", "'audioop' is deprecated", DeprecationWarning)
+    import discord
+
+_log = logging.getLogger(__name__)
+
+PLATFORM = "discord"
+
+# Close codes after which the gateway must not be retried because the configuration is wrong
+# (contracts.md §3.1): authentication failed, invalid intents, disallowed (privileged) intents.
+_AUTH_CLOSE_CODES = {4004: "authentication failed", 4013: "invalid intents",
+                     4014: "disallowed intents"}
+_THREAD_ALREADY_CREATED = 160004  # JSON error code: a message has at most one thread
+_THREAD_NAME_MAX = 100  # contracts.md §3.4: 1–100 characters
+_THREAD_ARCHIVE_MIN: Literal[10080] = 10080  # a week: the thread stays listed while runs ask
+_NONCE_HEX_BYTES = 12  # 24 characters; Discord accepts at most 25
+_MAX_RATELIMIT_WAIT_S = 60.0  # a longer Retry-After is an error (ChatUnavailable), not a wait
+_NO_PINGS = discord.AllowedMentions.none()
+_PERSON_MESSAGE_TYPES = (discord.MessageType.default, discord.MessageType.reply)
+
+_State = Literal["new", "starting", "ready", "stopping", "stopped"]
+
+
+class DiscordAdapter:
+    """One gateway connection to Discord for one bot (a :class:`~bothy.chat.base.ChatAdapter`).
+
+    ``connector`` makes the aiohttp connector discord.py uses (called inside the running loop;
+    tests point the Discord hosts at a loopback fake with it). ``guild_ready_s`` is how long
+    discord.py waits for guilds after READY before it is ready; ``heartbeat_timeout_s`` how
+    long without a heartbeat ACK before it reconnects; ``ready_timeout_s`` bounds
+    :meth:`start`; ``stop_grace_s`` how long :meth:`stop` waits for ``on_message`` calls.
+    """
+
+    platform = PLATFORM
+
+    def __init__(
+        self,
+        cfg: DiscordConfig,
+        *,
+        environ: Mapping[str, str] | None = None,
+        connector: Callable[[], aiohttp.BaseConnector] | None = None,
+        guild_ready_s: float = 2.0,
+        heartbeat_timeout_s: float = 60.0,
+        ready_timeout_s: float = 30.0,
+        stop_grace_s: float = 5.0,
+    ) -> None:
+        self._cfg = cfg
+        self._environ = environ
+        self._connector = connector
+        self._guild_ready_s = guild_ready_s
+        self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._ready_timeout_s = ready_timeout_s
+        self._stop_grace_s = stop_grace_s
+        self._state: _State = "new"
+        self._client: _Gateway | None = None
+        self._connection: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[None] | None = None
+        self._failure: ChatError | None = None
+        self._on_message: OnMessage | None = None
+        self._me = 0
+        self._mention: re.Pattern[str] | None = None
+        self._threads: set[int] = set()  # threads this process started or was mentioned in
+        self._in_order = asyncio.Lock()  # one on_message at a time, in arrival order
+        self._handlers: set[asyncio.Task[object]] = set()
+        self._stopped = asyncio.Event()
+
+    # ---------------------------------------------------------------- lifecycle
+
+    @property
+    def bot_user_id(self) -> str:
+        """The bot's own user id, known once started ("" before)."""
+        return str(self._me) if self._me else ""
+
+    async def start(self, on_message: OnMessage) -> None:
+        """Log in, connect the gateway, return once Discord says READY.
+
+        Raises ChatAuthError for a missing or refused token or a refused privileged intent,
+        ChatUnavailable when Discord cannot be reached or is not ready in ``ready_timeout_s``.
+        """
+        if self._state != "new":
+            raise RuntimeError(f"DiscordAdapter.start() called when {self._state}")
+        self._state = "starting"
+        try:
+            async with asyncio.timeout(self._ready_timeout_s):
+                await self._start(on_message)
+        except BaseException as exc:
+            await self._shutdown()
+            self._state = "stopped"
+            self._stopped.set()
+            if isinstance(exc, TimeoutError):
+                raise ChatUnavailable(
+                    f"Cannot connect to Discord: not ready within {self._ready_timeout_s:g} s",
+                    platform=PLATFORM) from None
+            raise
+        self._state = "ready"
+        _log.info("Discord: connected as bot %s", self._me)
+
+    async def stop(self) -> None:
+        """Close the gateway and REST session, let in-flight ``on_message`` calls finish
+        (cancelling those past ``stop_grace_s``); idempotent."""
+        if self._state in ("new", "stopped"):
+            self._state = "stopped"
+            return
+        if self._state == "stopping":
+            await self._stopped.wait()
+            return
+        self._state = "stopping"
+        try:
+            await self._shutdown()
+        finally:
+            self._state = "stopped"
+            self._stopped.set()
+
+    async def wait_closed(self) -> None:
+        """Return once the gateway connection has ended; raise the ChatError that ended it
+        if it ended by itself (e.g. ChatAuthError: the token was reset while running)."""
+        if self._connection is not None:
+            await asyncio.wait({self._connection})
+        if self._failure is not None:
+            raise self._failure
+
+    async def _start(self, on_message: OnMessage) -> None:
+        token = self._token()
+        self._on_message = on_message
+        self._ready = asyncio.get_running_loop().create_future()
+        self._client = client = _Gateway(
+            intents=discord.Intents(guilds=True, guild_messages=True,
+                                    message_content=self._cfg.message_content_intent),
+            connector=None if self._connector is None else self._connector(),
+            guild_ready_s=self._guild_ready_s,
+            heartbeat_timeout_s=self._heartbeat_timeout_s,
+            on_ready=self._on_ready,
+            on_message=self._receive,
+        )
+        with _boundary("log in to Discord"):
+            await client.login(token)
+            assert client.user is not None  # login() sets it from GET /users/@me
+            self._me = client.user.id
+        self._mention = re.compile(rf"\s*<@!?{self._me}>\s*")
+        if not self._cfg.message_content_intent:
+            _log.warning("Discord: message_content_intent is off; replies in threads that do "
+                         "not mention the bot arrive empty and are ignored")
+        self._connection = asyncio.create_task(self._run(client), name="bothy: discord gateway")
+        await asyncio.wait({self._ready, self._connection}, return_when=asyncio.FIRST_COMPLETED)
+        if not self._ready.done():
+            raise self._failure or ChatUnavailable(
+                "Cannot connect to Discord: the gateway connection ended before READY",
+                platform=PLATFORM)
+
+    def _token(self) -> str:
+        environ = os.environ if self._environ is None else self._environ
+        token = environ.get(self._cfg.token_env, "").strip()
+        if not token:
+            raise ChatAuthError(
+                f"Cannot log in to Discord: environment variable {self._cfg.token_env} "
+                "(chat.discord.token_env) is not set", platform=PLATFORM)
+        return token
+
+    async def _run(self, client: _Gateway) -> None:
+        """The gateway loop (discord.py reconnects and resumes inside it)."""
+        attempted = "stay connected to Discord's gateway"
+        try:
+            await client.connect(reconnect=True)
+        except Exception as exc:
+            failure = translate_error(exc, attempted)
+            if type(failure) is ChatError and not (self._ready and self._ready.done()):
+                # discord.py 2.7.1 cannot retry a first connection that failed: after the
+                # backoff it reads the sequence of a socket it never had (AttributeError),
+                # with the connection error as context. The gateway was not reachable.
+                cause = exc.__context__ if isinstance(exc.__context__, Exception) else exc
+                failure = ChatUnavailable(f"Cannot connect to Discord's gateway: "
+                                          f"{_reason(cause)}", platform=PLATFORM)
+            self._failure = failure
+            if self._state == "ready":
+                _log.error("Discord: the connection ended: %s", failure)
+
+    def _on_ready(self) -> None:
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_result(None)
+
+    async def _shutdown(self) -> None:
+        client = self._client
+        if client is not None:
+            try:
+                await client.close()
+            except Exception:  # closing is best effort; nothing is left to report it to
+                _log.warning("Discord: closing the client failed", exc_info=True)
+        connection = self._connection
+        if connection is not None:
+            # After close() discord.py's loop ends by itself, except when it is asleep in a
+            # reconnect backoff (which grows to minutes): do not wait for that.
+            connection.cancel()
+            await asyncio.wait({connection})
+        handlers = {task for task in self._handlers if not task.done()}
+        if handlers:
+            _, late = await asyncio.wait(handlers, timeout=self._stop_grace_s)
+            for task in late:
+                _log.warning("Discord: cancelling on_message still running after %g s",
+                             self._stop_grace_s)
+                task.cancel()
+            if late:
+                await asyncio.wait(late)
+
+    # ---------------------------------------------------------------- incoming
+
+    async def _receive(self, message: discord.Message) -> None:
+        """discord.py's on_message, run in a task of its own per message."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+        try:
+            chat = self._chat_message(message)
+            if chat is None or self._on_message is None:
+                return
+            async with self._in_order:
+                await self._on_message(chat)
+        except Exception:  # the router's failure must not end the connection
+            _log.exception("Discord: on_message failed for message %s", message.id)
+        finally:
+            if task is not None:
+                self._handlers.discard(task)
+
+    def _chat_message(self, message: discord.Message) -> ChatMessage | None:
+        """The message as Bothy sees it, or None when it is not for Bothy."""
+        author = message.author
+        if author.id == self._me or author.bot or message.webhook_id is not None:
+            return None
+        if message.type not in _PERSON_MESSAGE_TYPES:
+            return None
+        channel = message.channel
+        thread = channel if isinstance(channel, discord.Thread) else None
+        mentioned = any(user.id == self._me for user in message.mentions)
+        in_thread = thread is not None or channel.id in self._threads
+        member = channel.id in self._threads or (
+            thread is not None and (thread.owner_id == self._me or thread.me is not None))
+        if not mentioned and not member:
+            return None
+        assert self._mention is not None
+        text = self._mention.sub(" ", message.content).strip()
+        if not mentioned and not text:
+            _log.debug("Discord: ignoring message %s without text", message.id)
+            return None
+        if mentioned and in_thread:
+            self._threads.add(channel.id)
+        return ChatMessage(
+            platform=PLATFORM,
+            dedupe_key=str(message.id),
+            channel=str(channel.id),
+            thread=str(channel.id) if in_thread else str(message.id),
+            message_id=str(message.id),
+            user=str(author.id),
+            text=text,
+            mentioned=mentioned,
+            in_thread=in_thread,
+        )
+
+    # ---------------------------------------------------------------- outgoing
+
+    async def react(self, message: ChatMessage, emoji: str) -> None:
+        """Add ``emoji`` (a unicode emoji or ``name:id``) to the message."""
+        client = self._connected()
+        channel_id = _snowflake(message.channel, "channel")
+        message_id = _snowflake(message.message_id, "message")
+        with _boundary(f"react to Discord message {message_id}"):
+            partial = client.get_partial_messageable(channel_id).get_partial_message(message_id)
+            await partial.add_reaction(emoji)
+
+    async def open_thread(self, message: ChatMessage) -> str:
+        """The thread to answer ``message`` in: the thread it was posted in, or a new one
+        started from it (named after its text). Asking twice gives the same thread."""
+        channel_id = _snowflake(message.channel, "channel")
+        if message.in_thread:
+            self._threads.add(channel_id)
+            return message.channel
+        client = self._connected()
+        message_id = _snowflake(message.message_id, "message")
+        with _boundary(f"start a thread from Discord message {message_id}"):
+            channel = client.get_channel(channel_id) or await client.fetch_channel(channel_id)
+            if isinstance(channel, discord.Thread):  # a thread discord.py had not cached
+                self._threads.add(channel.id)
+                return str(channel.id)
+            if not isinstance(channel, discord.TextChannel):
+                raise ChatError(
+                    f"Cannot start a thread from Discord message {message_id}: channel "
+                    f"{channel_id} is a {type(channel).__name__}, not a text channel",
+                    platform=PLATFORM)
+            try:
+                thread = await channel.get_partial_message(message_id).create_thread(
+                    name=_thread_name(message.text), auto_archive_duration=_THREAD_ARCHIVE_MIN)
+                thread_id = thread.id
+            except discord.HTTPException as exc:
+                if exc.code != _THREAD_ALREADY_CREATED:
+                    raise
+                thread_id = message_id  # the thread started from a message has its id
+        self._threads.add(thread_id)
+        return str(thread_id)
+
+    async def post(self, channel: str, thread: str, text: str) -> list[str]:
+        """Post ``text`` in ``thread`` (a Discord thread is a channel; without a thread, in
+        ``channel``), in pieces of at most 2,000 characters; returns the message ids."""
+        target = thread or channel
+        return await self._send(_snowflake(target, "thread"), text, f"post in Discord {target}")
+
+    async def post_alert(self, channel: str, text: str) -> list[str]:
+        """Post ``text`` in ``channel`` (default: the configured ``alert_channel``)."""
+        target = channel or self._cfg.alert_channel or ""
+        return await self._send(_snowflake(target, "alert channel"), text,
+                                f"post an alert in Discord channel {target}")
+
+    async def _send(self, channel_id: int, text: str, attempted: str) -> list[str]:
+        client = self._connected()
+        destination = client.get_partial_messageable(channel_id)
+        sent: list[str] = []
+        with _boundary(attempted):
+            for piece in split_text(text, DISCORD_MAX_CHARS):
+                message = await destination.send(
+                    piece, nonce=secrets.token_hex(_NONCE_HEX_BYTES), allowed_mentions=_NO_PINGS)
+                sent.append(str(message.id))
+        return sent
+
+    def _connected(self) -> _Gateway:
+        if self._state != "ready" or self._client is None:
+            raise ChatUnavailable(f"Discord is not connected (the adapter is {self._state})",
+                                  platform=PLATFORM)
+        if self._failure is not None:
+            raise ChatUnavailable(f"Discord is not connected: {self._failure}",
+                                  platform=PLATFORM)
+        return self._client
+
+
+class _Gateway(discord.Client):
+    """A discord.Client whose events call back into the adapter."""
+
+    def __init__(
+        self,
+        *,
+        intents: discord.Intents,
+        connector: aiohttp.BaseConnector | None,
+        guild_ready_s: float,
+        heartbeat_timeout_s: float,
+        on_ready: Callable[[], None],
+        on_message: Callable[[discord.Message], Awaitable[None]],
+    ) -> None:
+        super().__init__(
+            intents=intents,
+            connector=connector,
+            guild_ready_timeout=guild_ready_s,
+            heartbeat_timeout=heartbeat_timeout_s,
+            max_messages=None,  # no message cache: Bothy keeps its own records
+            chunk_guilds_at_startup=False,
+            member_cache_flags=discord.MemberCacheFlags.none(),
+            max_ratelimit_timeout=_MAX_RATELIMIT_WAIT_S,
+            allowed_mentions=_NO_PINGS,
+        )
+        self._ready_hook = on_ready
+        self._message_hook = on_message
+
+    async def on_ready(self) -> None:
+        """Discord's READY and the guilds after it have arrived (again after a re-IDENTIFY)."""
+        self._ready_hook()
+
+    async def on_message(self, message: discord.Message) -> None:
+        """A MESSAGE_CREATE, in a task of its own."""
+        await self._message_hook(message)
+
+
+# ---------------------------------------------------------------- foreign errors
+
+
+@contextlib.contextmanager
+def _boundary(attempted: str) -> Iterator[None]:
+    """Let ChatErrors through and translate every other exception (not cancellation)."""
+    try:
+        yield
+    except ChatError:
+        raise
+    except Exception as exc:
+        raise translate_error(exc, attempted) from exc
+
+
+def translate_error(exc: Exception, attempted: str) -> ChatError:
+    """The ChatError that says what ``exc`` (from discord.py, aiohttp or the OS) means for
+    Bothy, worded as "Cannot <attempted>: <reason>". Total: every exception maps."""
+    if isinstance(exc, ChatError):
+        return exc
+    prefix = f"Cannot {attempted}: "
+    if isinstance(exc, discord.PrivilegedIntentsRequired):
+        return ChatAuthError(
+            prefix + "Discord refused the privileged MESSAGE_CONTENT intent (close 4014). "
+            "Enable “Message Content Intent” on the bot's page in the Discord Developer Portal, "
+            "or set chat.discord.message_content_intent to false (replies that do not mention "
+            "the bot are then not seen)", platform=PLATFORM)
+    if isinstance(exc, discord.LoginFailure):
+        return ChatAuthError(prefix + "Discord refused the bot token (401 Unauthorized); "
+                             "check chat.discord.token_env", platform=PLATFORM)
+    if isinstance(exc, discord.ConnectionClosed):
+        code = getattr(exc, "code", None)
+        if code in _AUTH_CLOSE_CODES:
+            return ChatAuthError(prefix + f"the gateway closed with {code} "
+                                 f"({_AUTH_CLOSE_CODES[code]})", platform=PLATFORM)
+        return ChatUnavailable(prefix + f"the gateway closed with {code}", platform=PLATFORM)
+    if isinstance(exc, discord.HTTPException):
+        status = getattr(exc, "status", 0)
+        if status == 401:
+            return ChatAuthError(prefix + _reason(exc), platform=PLATFORM)
+        if status == 429 or status >= 500:
+            return ChatUnavailable(prefix + _reason(exc), platform=PLATFORM)
+        return ChatError(prefix + _reason(exc), platform=PLATFORM)
+    if isinstance(exc, discord.RateLimited | discord.GatewayNotFound | OSError
+                  | aiohttp.ClientError):  # TimeoutError is an OSError
+        return ChatUnavailable(prefix + _reason(exc), platform=PLATFORM)
+    return ChatError(prefix + _reason(exc), platform=PLATFORM)
+
+
+def _reason(exc: Exception) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # a foreign __str__ that fails must not hide the original error
+        text = ""
+    name = type(exc).__name__
+    return f"{name}: {text}" if text else name
+
+
+def _snowflake(value: str, what: str) -> int:
+    if not re.fullmatch(r"[0-9]{1,20}", value):
+        raise ChatError(f"{what} {value!r} is not a Discord id", platform=PLATFORM)
+    return int(value)
+
+
+def _thread_name(text: str) -> str:
+    """A thread name from a message's text: whitespace collapsed, 1–100 characters."""
+    name = " ".join(text.split()) or "Bothy"
+    if len(name) > _THREAD_NAME_MAX:
+        name = name[: _THREAD_NAME_MAX - 1].rstrip() + "…"
+    return name
