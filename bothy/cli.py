@@ -15,6 +15,8 @@ from typing import Any, NoReturn
 from bothy import __version__
 from bothy.errors import (
     BothyError,
+    ChatAuthError,
+    ChatUnavailable,
     CodexNotFoundError,
     ConfigError,
     TemporaryFailure,
@@ -134,7 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"bothy: {exc}", file=sys.stderr)
         return ExitCode.USAGE
-    except TemporaryFailure as exc:
+    except ChatAuthError as exc:
+        print(f"bothy: configuration error: {exc}", file=sys.stderr)
+        return ExitCode.CONFIG
+    except (TemporaryFailure, ChatUnavailable) as exc:
         print(f"bothy: temporary failure: {exc}", file=sys.stderr)
         return ExitCode.TEMPFAIL
     except BothyError as exc:

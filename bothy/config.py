@@ -363,6 +363,7 @@ class SlackConfig(_Section):
     api_url: str | None = None  # the Web API base URL; only tests point it elsewhere
     allowed_users: list[str] = Field(default_factory=list)  # Slack user ids (U…)
     alert_channel: str | None = None
+    profile: str | None = None  # what chat runs may use; its question_hold_seconds applies
 
 
 class DiscordConfig(_Section):
@@ -372,6 +373,7 @@ class DiscordConfig(_Section):
     message_content_intent: bool = True  # needed to read replies that do not mention the bot
     allowed_users: list[str] = Field(default_factory=list)  # Discord user ids
     alert_channel: str | None = None
+    profile: str | None = None  # what chat runs may use; its question_hold_seconds applies
 
 
 class ChatConfig(_Section):
@@ -442,6 +444,10 @@ class Config(_Section):
                 if job.profile is not None and job.profile not in self.profiles:
                     raise ValueError(f"webhooks.{name}: job profile {job.profile!r} is not"
                                      " defined in profiles")
+        for platform, section in (("slack", self.chat.slack), ("discord", self.chat.discord)):
+            if section is not None and section.profile not in (None, *self.profiles):
+                raise ValueError(f"chat.{platform}.profile {section.profile!r} is not defined"
+                                 " in profiles")
         for name, profile in self.profiles.items():
             held = self.limits.wall_clock_s + profile.question_hold_seconds
             if held >= self.budget.reservation_expiry_s:

@@ -25,7 +25,10 @@ from pathlib import Path
 
 import httpx
 
+from bothy.chat.base import ChatAdapter
+from bothy.chat.router import ChatRouter
 from bothy.config import Config
+from bothy.engine.questions import QuestionBoard
 from bothy.errors import BothyError, ConfigError, TemporaryFailure
 from bothy.home import BothyHome
 from bothy.runtime import Runtime
@@ -56,6 +59,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._hurry = asyncio.Event()
         self.ports: dict[str, int] = {}
+        self.chat_state: dict[str, str] = {}
 
     async def serve(self) -> int:
         """Run until a stop signal; return the exit code of a clean stop."""
@@ -75,6 +79,12 @@ class Daemon:
         dispatcher = Dispatcher(self._cfg, inbox=inbox, supervisor=supervisor, audit=rt.audit,
                                 clock=rt.clock, home=self._home)
         listeners = await self._listen(rt, inbox, dispatcher)
+        router = await self._chat(rt, inbox, dispatcher, listeners)
+        if router is not None:
+            dispatcher.attach_chat(router)
+            if any(s is not None and s.alert_channel
+                   for s in (self._cfg.chat.slack, self._cfg.chat.discord)):
+                supervisor.alerts.route_to(router.post_alert)
         schedules = ScheduleRunner(
             ScheduleStore(rt.db, timezone=self._cfg.budget.timezone, clock=rt.clock), inbox,
             audit=rt.audit, grace_s=self._cfg.wakes.missed_fire_grace_s, clock=rt.clock,
@@ -85,6 +95,7 @@ class Daemon:
         await rt.audit.record("serve", "ready", "ok", details={
             "ports": self.ports, "orphans_ended": len(recovered), "wakes_requeued": requeued,
             "schedules": len(schedules.next_fires()), "missed_fires_queued": missed,
+            "chat": self.chat_state,
         })
         self.state = State.READY
         polls_stop = asyncio.Event()
@@ -99,6 +110,8 @@ class Daemon:
             self.state = State.DRAINING
             for listener in listeners:
                 await listener.stop()
+            if router is not None:
+                await _stop_chat(router)
             await schedules.stop()
             polls_stop.set()
             dispatcher.stop_intake()
@@ -122,6 +135,36 @@ class Daemon:
             self.ports[name] = await listener.start(_LISTEN_HOST, port)
             listeners.append(listener)
         return listeners
+
+    async def _chat(
+        self, rt: Runtime, inbox: Inbox, dispatcher: Dispatcher,
+        listeners: list[WebhookListener],
+    ) -> ChatRouter | None:
+        """Connect the configured chat platforms (after the listeners, before readiness)."""
+        adapters: dict[str, ChatAdapter] = {}
+        if self._cfg.chat.slack is not None:
+            from bothy.chat.slack import SlackAdapter
+
+            adapters["slack"] = SlackAdapter(self._cfg.chat.slack)
+        if self._cfg.chat.discord is not None:
+            from bothy.chat.discord import DiscordAdapter
+
+            adapters["discord"] = DiscordAdapter(self._cfg.chat.discord)
+        if not adapters:
+            return None
+        router = ChatRouter(self._cfg.chat, adapters, inbox=inbox,
+                            board=QuestionBoard(rt.db, clock=rt.clock), db=rt.db,
+                            audit=rt.audit, clock=rt.clock, on_accepted=dispatcher.poke)
+        try:
+            for name, adapter in adapters.items():
+                await adapter.start(router.on_message)
+                self.chat_state[name] = "connected"
+        except BaseException:
+            await _stop_chat(router)
+            for listener in listeners:
+                await listener.stop()
+            raise
+        return router
 
     async def _drain(self, dispatcher: Dispatcher, stopping: asyncio.Event) -> None:
         grace_s = self._cfg.wakes.shutdown_grace_s
@@ -194,6 +237,12 @@ async def _keep_polling(poller: Poller, stop: asyncio.Event, rt: Runtime) -> Non
     except BothyError as exc:
         await rt.audit.record("poll", "stopped", "failed", subject=f"poll:{poller.name}",
                               details={"reason": str(exc)})
+
+
+async def _stop_chat(router: ChatRouter) -> None:
+    for adapter in router.adapters.values():
+        await adapter.stop()
+    await router.close()
 
 
 def _check_secrets(cfg: Config) -> None:

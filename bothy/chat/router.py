@@ -67,6 +67,18 @@ class ChatRouter:
         section = self._cfg.slack if platform == "slack" else self._cfg.discord
         return section is not None and user in section.allowed_users
 
+    def profile_for(self, platform: str) -> str | None:
+        section = self._cfg.slack if platform == "slack" else self._cfg.discord
+        return section.profile if section is not None else None
+
+    async def post_alert(self, text: str) -> str:
+        """Post an alert to the first configured alert channel; say where it went."""
+        for platform, section in (("slack", self._cfg.slack), ("discord", self._cfg.discord)):
+            if section is not None and section.alert_channel and platform in self.adapters:
+                await self.adapters[platform].post_alert(section.alert_channel, text)
+                return f"{platform}:{section.alert_channel}"
+        raise ChatError("no connected platform has an alert channel", platform="-")
+
     async def on_message(self, message: ChatMessage) -> None:
         """Called by an adapter before it acknowledges the platform's delivery."""
         if message.in_thread and not message.mentioned:

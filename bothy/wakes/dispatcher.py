@@ -196,6 +196,7 @@ class Dispatcher:
             prompt=prompt, subject=f"{message.platform}:{thread}", source="chat",
             max_usd_micros=usd_to_micros(self._cfg.budget.per_run_usd),
             wall_clock_s=self._cfg.limits.wall_clock_s, max_tokens=self._cfg.limits.max_tokens,
+            profile=router.profile_for(message.platform),
             trusted=True,  # an allowed account wrote it
             can_hold=True,  # someone is in the thread to answer
             run_id=run_id, wake_details={**details, "user": message.user},
