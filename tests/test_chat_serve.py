@@ -148,3 +148,30 @@ async def test_an_invalid_slack_token_is_a_configuration_error(
     done = await site.bothy("serve", timeout_s=30)
     assert done.code == 78, done.stderr
     assert "configuration error" in done.stderr
+
+
+async def test_a_reply_continues_the_same_codex_thread_even_after_a_restart(
+    tmp_path: Path, server: ModelServer, slack: FakeSlack
+) -> None:
+    """Replies in the thread resume the same Codex conversation, across a restart of Bothy."""
+    server.script(text("The disk is at 71%."), text("It was 64% last week."),
+                  text("Mostly logs."))
+    site = _site(tmp_path, server, slack)
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        ts = slack.send_mention(OPERATOR, CHANNEL, "how full is the disk?")
+        await until(lambda: "The disk is at 71%." in _posts_in(slack, ts), "the first answer")
+        slack.send_message(OPERATOR, CHANNEL, "and last week?", thread_ts=ts)
+        await until(lambda: "It was 64% last week." in _posts_in(slack, ts), "the second answer")
+        assert await serving.stop() == 0
+
+        serving = await start_serve(shell)  # a new bothy serve: the conversation goes on
+        slack.send_message(OPERATOR, CHANNEL, "what is filling it?", thread_ts=ts)
+        await until(lambda: "Mostly logs." in _posts_in(slack, ts), "the answer after restart")
+        assert await serving.stop() == 0
+    # Codex resends the whole history each time: the third request carries the first two turns.
+    history = str(server.requests[2]["input"])
+    for said in ("how full is the disk?", "The disk is at 71%.", "and last week?",
+                 "It was 64% last week.", "what is filling it?"):
+        assert said in history
+    assert not audit_records(site, lambda r: (r.kind, r.event) == ("thread", "resume-failed"))

@@ -130,6 +130,14 @@ class ChatRouter:
             return
         await self._enqueue(message, continued_from=str(row["last_answer"] or ""))
 
+    async def codex_thread(self, message: ChatMessage, thread: str) -> str | None:
+        """The Codex thread this conversation kept, to resume it (None for a new one)."""
+        row = await self._db.fetch_one(
+            "SELECT codex_thread FROM chat_threads WHERE thread_key = ?",
+            (thread_key(message.platform, message.channel, thread),),
+        )
+        return str(row["codex_thread"]) if row is not None and row["codex_thread"] else None
+
     async def remember(self, message: ChatMessage, thread: str, run_id: str) -> None:
         """The thread's current run, so replies find it (kept across restarts)."""
         key = thread_key(message.platform, message.channel, thread)
@@ -147,8 +155,9 @@ class ChatRouter:
         key = thread_key(message.platform, message.channel, thread)
         async with self._db.transaction():
             await self._db.execute(
-                "UPDATE chat_threads SET last_answer = ? WHERE thread_key = ?",
-                (result.final_text[-2000:], key),
+                "UPDATE chat_threads SET last_answer = ?,"
+                " codex_thread = COALESCE(?, codex_thread) WHERE thread_key = ?",
+                (result.final_text[-2000:], result.thread_id, key),
             )
         if result.outcome in ("completed", "verified"):
             text = result.answer

@@ -32,6 +32,8 @@ class RunRequest:
     run_id: str | None = None  # minted by the caller when it must know it before admission
     wake_details: dict[str, Any] = field(default_factory=dict)  # for the `wake received` record
     verify: Verification | None = None  # ends the run `verified` or `unverified`
+    keep_thread: bool = False  # save the Codex thread so a later run can resume it
+    resume_thread: str | None = None  # continue this kept Codex thread (a chat conversation)
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class RunResult:
     cost_micros: int
     final_text: str
     reason: str | None = None
+    thread_id: str | None = None  # the Codex thread, when the run kept it
 
     @property
     def answer(self) -> str:

@@ -134,6 +134,7 @@ CREATE TABLE IF NOT EXISTS chat_threads (
     thread       TEXT NOT NULL,
     last_run_id  TEXT,
     last_answer  TEXT,
+    codex_thread TEXT,
     updated_us   INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS pollers (

@@ -34,7 +34,7 @@ from bothy.engine.state import StateDB
 from bothy.engine.toolbox import RunScope, Toolbox
 from bothy.engine.verdicts import ApprovalStore
 from bothy.engine.verification import verification_failure
-from bothy.engine.worker import Worker
+from bothy.engine.worker import ThreadInfo, Worker
 from bothy.errors import AppServerError, ProcessGroupError, RpcProtocolError
 from bothy.money import format_usd
 
@@ -106,6 +106,7 @@ class Supervisor:
         self.pool = WorkerPool(db, cfg.pool, clock=clock)
         self.recovery = Recovery(db, audit, clock=clock, grace_s=cfg.limits.stop_grace_s)
         self.alerts = Alerts(audit, site=cfg.site, clock=clock)
+        self._threads: dict[str, str] = {}  # run id -> kept Codex thread id
         self._owner_start = process_start_time(os.getpid())
         # Set by the owner (a signal handler) to stop every run of this process gracefully.
         self.stopping = asyncio.Event()
@@ -256,12 +257,8 @@ class Supervisor:
         profile = self._cfg.profiles.get(request.profile) if request.profile else None
         if profile is not None and profile.skills:
             await worker.set_skill_roots([str(root) for root in profile.skills])
-        thread = await worker.start_thread(
-            model=self._cfg.codex.model,
-            sandbox=profile.sandbox if profile else "read-only",
-            approval_policy="on-request",
-            dynamic_tools=toolbox.dynamic_tools(),
-        )
+        thread = await self._thread(run_id, request, worker, toolbox,
+                                    profile.sandbox if profile else "read-only")
         await self.pool.attach_worker(run_id, worker.record, thread.model)
         refusal = self.budget.price_refusal(thread.model)
         price = self._prices.lookup(thread.model)
@@ -287,6 +284,32 @@ class Supervisor:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+
+    async def _thread(
+        self, run_id: str, request: RunRequest, worker: Worker, toolbox: Toolbox, sandbox: str
+    ) -> ThreadInfo:
+        """Resume the conversation's kept thread if there is one, else start a thread."""
+        if request.resume_thread is not None:
+            try:
+                thread = await worker.resume_thread(
+                    request.resume_thread, model=self._cfg.codex.model, sandbox=sandbox,
+                    approval_policy="on-request",
+                )
+            except AppServerError as exc:
+                await self._audit.record("thread", "resume-failed", "failed",
+                                         subject=request.subject, run_id=run_id,
+                                         details={"thread": request.resume_thread,
+                                                  "reason": str(exc)})
+            else:
+                self._threads[run_id] = thread.thread_id
+                return thread
+        thread = await worker.start_thread(
+            model=self._cfg.codex.model, sandbox=sandbox, approval_policy="on-request",
+            dynamic_tools=toolbox.dynamic_tools(), keep=request.keep_thread,
+        )
+        if request.keep_thread:
+            self._threads[run_id] = thread.thread_id
+        return thread
 
     async def _verify_loop(
         self, live: _Live, turn: _Turn, ended: tuple[str, str | None, str]
@@ -460,7 +483,8 @@ class Supervisor:
             details={"reason": reason, "cost_usd": format_usd(settlement.cost_micros, 6),
                      "final_chars": len(text)},
         )
-        return RunResult(run_id, outcome, settlement.cost_micros, kept, reason)
+        return RunResult(run_id, outcome, settlement.cost_micros, kept, reason,
+                         thread_id=self._threads.pop(run_id, None))
 
 
 def _error_text(error: dict[str, Any]) -> str:

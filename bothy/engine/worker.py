@@ -97,12 +97,14 @@ class Worker:
         sandbox: str,
         approval_policy: str,
         dynamic_tools: list[dict[str, Any]] | None = None,
+        keep: bool = False,
     ) -> ThreadInfo:
+        """A new thread; ``keep`` saves it under CODEX_HOME so a later run can resume it."""
         params: dict[str, Any] = {
             "cwd": str(self._cwd),
             "approvalPolicy": approval_policy,
             "sandbox": sandbox,
-            "ephemeral": True,
+            "ephemeral": not keep,
         }
         if model is not None:
             params["model"] = model
@@ -113,6 +115,22 @@ class Worker:
         if not isinstance(thread, dict) or not isinstance(thread.get("id"), str):
             raise AppServerError(
                 "'thread/start' answered without a thread id", method="thread/start"
+            )
+        return ThreadInfo(thread["id"], str(thread.get("model") or model or "unknown"))
+
+    async def resume_thread(
+        self, thread_id: str, *, model: str | None, sandbox: str, approval_policy: str
+    ) -> ThreadInfo:
+        """Continue a kept thread: Codex reloads its history from CODEX_HOME."""
+        params: dict[str, Any] = {"threadId": thread_id, "cwd": str(self._cwd),
+                                  "approvalPolicy": approval_policy, "sandbox": sandbox}
+        if model is not None:
+            params["model"] = model
+        result = await self._call("thread/resume", params)
+        thread = result.get("thread") if isinstance(result, dict) else None
+        if not isinstance(thread, dict) or not isinstance(thread.get("id"), str):
+            raise AppServerError(
+                "'thread/resume' answered without a thread id", method="thread/resume"
             )
         return ThreadInfo(thread["id"], str(thread.get("model") or model or "unknown"))
 

@@ -188,8 +188,10 @@ class Dispatcher:
             await self._audit.record("chat", "thread-failed", "failed", subject=wake.route,
                                      details={**details, "reason": str(exc)})
             thread = message.thread
+        resume = await router.codex_thread(message, thread) if continued_from is not None else None
         prompt = message.text
-        if continued_from:
+        if continued_from and resume is None:
+            # No kept thread to resume: at least tell the run what it said last.
             prompt = (f"Earlier in this conversation you answered:\n{continued_from}\n\n"
                       f"The person now says:\n{message.text}")
         request = RunRequest(
@@ -199,6 +201,7 @@ class Dispatcher:
             profile=router.profile_for(message.platform),
             trusted=True,  # an allowed account wrote it
             can_hold=True,  # someone is in the thread to answer
+            keep_thread=True, resume_thread=resume,  # the thread is one Codex conversation
             run_id=run_id, wake_details={**details, "user": message.user},
         )
         await self._inbox.set_run(wake.id, run_id)
