@@ -18,16 +18,19 @@ import asyncio
 import contextlib
 import enum
 import fcntl
+import json
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from bothy.chat.base import ChatAdapter
 from bothy.chat.router import ChatRouter
 from bothy.config import Config
+from bothy.engine.procgroup import process_start_time
 from bothy.engine.questions import QuestionBoard
 from bothy.errors import BothyError, ConfigError, TemporaryFailure
 from bothy.home import BothyHome
@@ -50,11 +53,23 @@ class State(enum.StrEnum):
 
 
 class Daemon:
-    """One ``bothy serve`` process."""
+    """One ``bothy serve`` process.
 
-    def __init__(self, home: BothyHome, cfg: Config) -> None:
+    ``adapter_options`` are extra keyword arguments for a chat adapter's constructor, by
+    platform (``{"discord": {"connector": ..., "guild_ready_s": 0.1}}``): what an in-process
+    caller — a test — needs to point an adapter at a fake. ``bothy serve`` passes none.
+    """
+
+    def __init__(
+        self,
+        home: BothyHome,
+        cfg: Config,
+        *,
+        adapter_options: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
         self._home = home
         self._cfg = cfg
+        self._adapter_options = adapter_options or {}
         self.state = State.STARTING
         self._stop = asyncio.Event()
         self._hurry = asyncio.Event()
@@ -98,6 +113,7 @@ class Daemon:
             "chat": self.chat_state,
         })
         self.state = State.READY
+        await asyncio.to_thread(self._publish, "ready")
         polls_stop = asyncio.Event()
         async with asyncio.TaskGroup() as group, _http_client(self._cfg) as http:
             intake = group.create_task(dispatcher.run(), name="dispatcher")
@@ -117,6 +133,7 @@ class Daemon:
             dispatcher.stop_intake()
             await intake
             await self._drain(dispatcher, supervisor.stopping)
+        await asyncio.to_thread(self._publish, None)
         await rt.audit.record("serve", "stopped", "ok", details={"pid": os.getpid()})
         self.state = State.EXITED
         return 0
@@ -136,6 +153,20 @@ class Daemon:
             listeners.append(listener)
         return listeners
 
+    def _publish(self, state: str | None) -> None:
+        """What `bothy status` shows of this daemon: ``state/serve.json`` (gone when stopped)."""
+        path = self._home.state_dir / "serve.json"
+        if state is None:
+            path.unlink(missing_ok=True)
+            return
+        record = {"pid": os.getpid(), "pid_start": process_start_time(os.getpid()),
+                  "state": state, "ports": self.ports, "chat": self.chat_state}
+        partial = path.with_suffix(".tmp")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(record, handle)
+        os.replace(partial, path)
+
     async def _chat(
         self, rt: Runtime, inbox: Inbox, dispatcher: Dispatcher,
         listeners: list[WebhookListener],
@@ -145,11 +176,13 @@ class Daemon:
         if self._cfg.chat.slack is not None:
             from bothy.chat.slack import SlackAdapter
 
-            adapters["slack"] = SlackAdapter(self._cfg.chat.slack)
+            adapters["slack"] = SlackAdapter(self._cfg.chat.slack,
+                                             **self._adapter_options.get("slack", {}))
         if self._cfg.chat.discord is not None:
             from bothy.chat.discord import DiscordAdapter
 
-            adapters["discord"] = DiscordAdapter(self._cfg.chat.discord)
+            adapters["discord"] = DiscordAdapter(self._cfg.chat.discord,
+                                                 **self._adapter_options.get("discord", {}))
         if not adapters:
             return None
         router = ChatRouter(self._cfg.chat, adapters, inbox=inbox,
@@ -196,13 +229,18 @@ class Daemon:
                                                               "note": note})
         return requeued
 
+    def stop(self) -> None:
+        """Ask a running :meth:`serve` to stop, as the first SIGINT or SIGTERM does (for a
+        caller running the daemon in its own loop); ``serve`` then drains and returns."""
+        self._stop.set()
+
     def _on_signals(self) -> None:
         loop = asyncio.get_running_loop()
 
         def on_signal() -> None:
             if self._stop.is_set():
                 self._hurry.set()
-            self._stop.set()
+            self.stop()
 
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, on_signal)

@@ -86,8 +86,10 @@ def _collect(home: BothyHome, view: StatusView, now: datetime) -> dict[str, Any]
         "queued": {},
         "held_by_crashed_runs": [],
         "schedules": [],
-        "chat": "not built yet",
+        "serve": "not running",
+        "chat": {},
     }
+    _serve(home, report)
     if not home.db_path.exists():
         return report
     db = sqlite3.connect(f"file:{home.db_path}?mode=ro", uri=True, timeout=5)
@@ -163,6 +165,35 @@ def _running(row: sqlite3.Row, now_us: int) -> dict[str, Any]:
     }
 
 
+def _serve(home: BothyHome, report: dict[str, Any]) -> None:
+    """The daemon's published state, if its process is still the one that wrote it."""
+    try:
+        published = json.loads((home.state_dir / "serve.json").read_text())
+        pid = int(published["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if not _same_process(pid, published.get("pid_start")):
+        report["serve"] = f"not running (pid {pid} is gone: it did not stop cleanly)"
+        return
+    report["serve"] = f"{published.get('state', '?')} (pid {pid}, ports {published.get('ports')})"
+    report["chat"] = published.get("chat") or {}
+
+
+def _same_process(pid: int, start: object) -> bool:
+    # A small copy of procgroup.process_start_time: importing the engine (and asyncio) here
+    # would cost status most of its start-up budget.
+    try:
+        raw = open(f"/proc/{pid}/stat", "rb").read().decode()  # noqa: SIM115
+    except OSError:
+        try:
+            os.kill(pid, 0)  # no /proc (macOS): existence is all we can cheaply tell
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    fields = raw[raw.rindex(")") + 2:].split()
+    return fields[0] not in ("Z", "X") and fields[19] == str(start)
+
+
 def render_status(report: dict[str, Any]) -> str:
     lines = [
         f"site {report['site']} · {report['day']} ({report['timezone']})",
@@ -191,5 +222,8 @@ def render_status(report: dict[str, Any]) -> str:
             when = f"due {schedule['next_fire']}, not fired (is bothy serve running?)"
         last = f"  last {schedule['last_fire']}" if schedule["last_fire"] else ""
         lines.append(f"  {schedule['name']}  {schedule['cron']}  {schedule['what']}  {when}{last}")
-    lines.append(f"chat connections: {report['chat']}")
+    lines.append(f"bothy serve: {report['serve']}")
+    chat = report["chat"]
+    shown = ", ".join(f"{name} {state}" for name, state in chat.items()) or "none"
+    lines.append(f"chat connections: {shown}")
     return "\n".join(lines)

@@ -69,9 +69,14 @@ async def test_a_mention_is_seen_and_answered_in_its_thread(
     site = _site(tmp_path, server, slack)
     async with Shell(site) as shell:
         serving = await start_serve(shell)
+        status = await shell.bothy("status")
+        assert "chat connections: slack connected" in status.stdout
+        assert "bothy serve: ready (pid" in status.stdout
         ts = slack.send_mention(OPERATOR, CHANNEL, "what changed this week?")
         await until(lambda: bool(_posts_in(slack, ts)), "an answer in the thread")
         assert await serving.stop() == 0
+        after = await shell.bothy("status")
+        assert "bothy serve: not running" in after.stdout
     assert _posts_in(slack, ts) == ["Nothing changed in /srv/work this week."]
     assert (CHANNEL, ts, "eyes") in slack.reactions
     assert slack.envelopes_acked(ts)

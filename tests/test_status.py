@@ -30,7 +30,7 @@ async def test_status_revalidates_an_edited_config(tmp_path: Path) -> None:
 
 
 async def test_status_json_reports_the_day(tmp_path: Path) -> None:
-    """`bothy status --json` gives the site, the day's figures and what is not built yet."""
+    """`bothy status --json` gives the site, the day's figures, and says no daemon is running."""
     site = Site(tmp_path, "http://127.0.0.1:9/v1")
     done = await site.bothy("status", "--json")
     assert done.code == 0, done.stderr
@@ -39,4 +39,4 @@ async def test_status_json_reports_the_day(tmp_path: Path) -> None:
     assert report["used_usd"] == "0.0000"
     assert report["ceiling_usd"] == "25.00"
     assert report["running"] == [] and report["queued"] == {}
-    assert report["chat"] == "not built yet"
+    assert report["chat"] == {} and report["serve"] == "not running"
