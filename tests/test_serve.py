@@ -312,6 +312,8 @@ async def test_after_a_sigkill_during_a_burst_every_answered_delivery_runs_exact
                     if a.status_code == 200}
         await server.wait_for_requests(2, timeout_s=DEADLINE_S)
         await until_count(site, "run", "started", "ok", 2)
+        # All eight admitted (two with the model, six waiting for a slot) before the kill.
+        await until_count(site, "run", "admitted", "ok", burst)
         await serving.command.kill()
         in_flight = {str(r.run_id) for r in records(site, "run", "started")}
 
