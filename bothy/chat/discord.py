@@ -79,6 +79,9 @@ _THREAD_ARCHIVE_MIN: Literal[10080] = 10080  # a week: the thread stays listed w
 _NONCE_HEX_BYTES = 12  # 24 characters; Discord accepts at most 25
 _MAX_RATELIMIT_WAIT_S = 60.0  # a longer Retry-After is an error (ChatUnavailable), not a wait
 _NO_PINGS = discord.AllowedMentions.none()
+# The router names reactions as Slack does; Discord wants the character itself and answers a
+# bare name with 400 Unknown Emoji (code 10014).
+_EMOJI = {"eyes": "\N{EYES}"}
 _PERSON_MESSAGE_TYPES = (discord.MessageType.default, discord.MessageType.reply)
 
 _State = Literal["new", "starting", "ready", "stopping", "stopped"]
@@ -320,13 +323,14 @@ class DiscordAdapter:
     # ---------------------------------------------------------------- outgoing
 
     async def react(self, message: ChatMessage, emoji: str) -> None:
-        """Add ``emoji`` (a unicode emoji or ``name:id``) to the message."""
+        """Add ``emoji`` (a unicode emoji, ``name:id``, or a name from :data:`_EMOJI` such
+        as the router's ``eyes``) to the message."""
         client = self._connected()
         channel_id = _snowflake(message.channel, "channel")
         message_id = _snowflake(message.message_id, "message")
         with _boundary(f"react to Discord message {message_id}"):
             partial = client.get_partial_messageable(channel_id).get_partial_message(message_id)
-            await partial.add_reaction(emoji)
+            await partial.add_reaction(_EMOJI.get(emoji.strip(":"), emoji))
 
     async def open_thread(self, message: ChatMessage) -> str:
         """The thread to answer ``message`` in: the thread it was posted in, or a new one

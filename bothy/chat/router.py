@@ -90,7 +90,7 @@ class ChatRouter:
         if not self.allowed(message.platform, message.user):
             await self._record("chat", "refused", "refused", message,
                                {"reason": "the author is not on the allowlist"})
-            self._answer_later(message, message.thread, _REFUSAL)
+            self._answer_later(message, _REFUSAL)
             return
         await self._enqueue(message, continued_from=None)
 
@@ -126,7 +126,7 @@ class ChatRouter:
         if run is not None and run.status != "finished":
             await self._audit.record("answer", "late", "ok", subject=key, run_id=run_id,
                                      details={"by": by, "answer": message.text})
-            self._answer_later(message, message.thread, _LATE)
+            self._answer_later(message, _LATE)
             return
         await self._enqueue(message, continued_from=str(row["last_answer"] or ""))
 
@@ -178,13 +178,21 @@ class ChatRouter:
                                      subject=thread_key(platform, channel, thread),
                                      run_id=run_id, details={"reason": str(exc)})
 
-    def _answer_later(self, message: ChatMessage, thread: str, text: str) -> None:
+    def _answer_later(self, message: ChatMessage, text: str) -> None:
         """Reply after the platform's delivery is acknowledged (never hold the ack on a post)."""
-        task = asyncio.create_task(
-            self.post(message.platform, message.channel, thread, text, run_id=None)
-        )
+        task = asyncio.create_task(self._answer(message, text))
         self._replies.add(task)
         task.add_done_callback(self._replies.discard)
+
+    async def _answer(self, message: ChatMessage, text: str) -> None:
+        """Reply in the message's thread: a Discord mention outside a thread has none until
+        one is started from it (Slack's thread is the mention's own ts)."""
+        try:
+            thread = await self.adapters[message.platform].open_thread(message)
+        except ChatError as exc:
+            await self._record("chat", "post-failed", "failed", message, {"reason": str(exc)})
+            return
+        await self.post(message.platform, message.channel, thread, text, run_id=None)
 
     async def _record(
         self, kind: str, event: str, outcome: str, message: ChatMessage, details: dict[str, Any]
@@ -202,6 +210,12 @@ class ChatRouter:
 
 
 def thread_key(platform: str, channel: str, thread: str) -> str:
+    """The conversation's key. A Discord thread is a channel of its own: a reply in it arrives
+    with the thread's id as its channel, while the mention that started it carried the parent
+    channel's, so the thread's id alone (a snowflake, unique across Discord) names it. A Slack
+    thread's ts is unique only within its channel."""
+    if platform == "discord":
+        return f"{platform}:{thread}"
     return f"{platform}:{channel}:{thread}"
 
 

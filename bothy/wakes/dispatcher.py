@@ -183,6 +183,10 @@ class Dispatcher:
             return
         try:
             await adapter.react(message, chat_router.SEEN)
+        except ChatError as exc:  # a missing reaction must not cost the thread and the answer
+            await self._audit.record("chat", "react-failed", "failed", subject=wake.route,
+                                     details={**details, "reason": str(exc)})
+        try:
             thread = await adapter.open_thread(message)
         except ChatError as exc:
             await self._audit.record("chat", "thread-failed", "failed", subject=wake.route,

@@ -22,7 +22,8 @@ What it speaks (shapes from discord-api-docs, contracts.md §3, and what discord
   ``GET /channels/{id}``, ``POST /channels/{id}/messages`` (2,000-character limit, ``nonce`` +
   ``enforce_nonce`` returning the earlier message), ``POST …/messages/{id}/threads`` (the
   thread id is the message id; a second thread for one message is 400 code 160004),
-  ``PUT …/reactions/{emoji}/@me``. Bodies are JSON with ``Content-Type: application/json``
+  ``PUT …/reactions/{emoji}/@me`` (a unicode emoji or ``name:id``; a bare name is 400 code
+  10014, Unknown Emoji). Bodies are JSON with ``Content-Type: application/json``
   exactly: discord.py parses nothing else (chat-testing.md pitfall 7).
 * The gateway at ``/``: HELLO (``heartbeat_interval_ms``), heartbeat ACK, IDENTIFY → READY
   (``resume_gateway_url`` = :data:`RESUME_HOST`, also this server) + GUILD_CREATE; dispatches
@@ -44,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 import socket
 import ssl
 import subprocess
@@ -85,6 +87,7 @@ MESSAGE_CONTENT = 1 << 15
 # JSON error codes (opcodes-and-status-codes.mdx).
 UNKNOWN_CHANNEL = 10003
 UNKNOWN_MESSAGE = 10008
+UNKNOWN_EMOJI = 10014
 INVALID_FORM_BODY = 50035
 WRONG_CHANNEL_TYPE = 50024
 THREAD_ALREADY_CREATED = 160004
@@ -798,7 +801,12 @@ class FakeDiscord:
             return _json({"message": "Unknown Channel", "code": UNKNOWN_CHANNEL}, 404)
         if message_id not in self._messages:
             return _json({"message": "Unknown Message", "code": UNKNOWN_MESSAGE}, 404)
-        self.reactions.append(Reaction(channel_id, message_id, request.match_info["emoji"]))
+        emoji = request.match_info["emoji"]
+        if emoji.isascii() and not re.fullmatch(r"\w+:[0-9]+", emoji):
+            # Discord takes a unicode emoji or a custom one as name:id; a bare name such as
+            # Slack's "eyes" is not an emoji to it.
+            return _json({"message": "Unknown Emoji", "code": UNKNOWN_EMOJI}, 400)
+        self.reactions.append(Reaction(channel_id, message_id, emoji))
         return web.Response(status=204)
 
 
