@@ -32,6 +32,7 @@ import ipaddress
 import json
 import signal
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -326,6 +327,8 @@ class ModelServer:
     events — written, not yet necessarily read by Codex: wait for the client's
     ``item/agentMessage/delta`` to know the partial message arrived) and ``hung_up`` (set
     when the client closes a stalled stream, as Codex does on ``turn/interrupt``).
+    ``timings`` holds, per answered request, when it arrived and when its reply was written
+    (``time.monotonic()``): the model's own time, for benchmarks that leave it out.
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -339,6 +342,7 @@ class ModelServer:
         self._closed = False
         self._served = 0
         self.requests: list[JSON] = []
+        self.timings: list[tuple[float, float]] = []
         self.unscripted = 0
         self.stalled = asyncio.Event()
         self.hung_up = asyncio.Event()
@@ -416,6 +420,7 @@ class ModelServer:
         return body  # type: ignore[no-any-return]  # request.json() is typed Any
 
     async def _handle_responses(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.monotonic()
         await self._record(request)
         if not self._script:
             self.unscripted += 1
@@ -432,7 +437,9 @@ class ModelServer:
                 status=reply.status, text=reply.body, content_type="application/json",
                 headers=headers,
             )
-        return await self._stream(request, reply, headers, serial)
+        response = await self._stream(request, reply, headers, serial)
+        self.timings.append((arrived, time.monotonic()))
+        return response
 
     async def _stream(
         self, request: web.Request, reply: Reply, headers: dict[str, str], serial: int

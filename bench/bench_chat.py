@@ -1,0 +1,398 @@
+"""Chat through a real serving daemon: start-up, idle memory, and how fast a mention is seen
+and answered (issue 5, "Measure").
+
+(a) ``python -m bothy serve`` runs as a subprocess, exactly as an operator starts it, with
+Slack configured; the fake Slack (Web API + Socket Mode, tests/fakes/slack.py) and the scripted
+model server run in this process, on loopback. Measured: spawn → the ``serve ready`` audit
+record (its own timestamp, not when this process noticed it); the serve process's VmRSS after
+``IDLE_S`` idle; then, one mention at a time (a cold one first, reported apart, then
+``MENTIONS``): mention sent on the socket → the fake receiving ``reactions.add``, and mention →
+the answer's ``chat.postMessage`` less the model request's own time (request received → reply
+written, as the model server saw it; it answers at once).
+
+(b) Discord cannot be pointed at a fake by configuration (discord.py has no base URL;
+chat-testing.md), so ``bothy serve`` as shipped cannot take part. A wrapper runs the same
+:class:`~bothy.daemon.Daemon` in a subprocess with Slack *and* Discord configured, giving the
+Discord adapter a connector that resolves Discord's hosts to the fake Discord in this process
+(TLS verified against a throwaway CA) — its only difference from ``bothy serve``. Measured: the
+same figures, with both connections open; Discord's mention latencies.
+
+Where the time of an answer goes is split by the run's audit records (``run started``: the
+worker's group spawned; ``turn started``; ``worker stopped``), their timestamps put on this
+process's monotonic clock. Targets are printed goals (issue 5), never assertions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench._util import REPO, figure, median, percentile, scratch
+
+MENTIONS = 20
+IDLE_S = 2.0
+READY_TARGET_MS = 500
+RSS_TARGET_MB = 85
+REACTION_TARGET_MS = 100
+OVERHEAD_TARGET_MS = 300
+DEADLINE_S = 30.0
+SLACK_OPERATOR = "UOPERATOR"
+SLACK_CHANNEL = "CWORK"
+DISCORD_OPERATOR = "1100000000000000002"  # tests/fakes/discord.py ALICE_ID
+
+# What (b) runs instead of `python -m bothy serve`: the same daemon, with the Discord adapter's
+# aiohttp connector sending discord.com and the gateway hosts to the fake. Kept free of the
+# fakes' imports (aiohttp.web, the openssl helpers) so that they do not count in its memory.
+_SERVE_WITH_DISCORD = r"""
+import asyncio, socket, ssl, sys
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from bothy.config import load_config
+from bothy.daemon import Daemon
+from bothy.home import BothyHome
+
+PORT, CA, HOSTS = int(sys.argv[1]), sys.argv[2], set(sys.argv[3].split(","))
+
+class Resolver(AbstractResolver):
+    async def resolve(self, host, port=0, family=socket.AF_INET):
+        if host not in HOSTS:
+            raise OSError(f"bench DNS: {host} is not a Discord host")
+        return [ResolveResult(hostname=host, host="127.0.0.1", port=PORT, family=socket.AF_INET,
+                              proto=0, flags=socket.AI_NUMERICHOST)]
+    async def close(self):
+        return None
+
+def connector():
+    return aiohttp.TCPConnector(resolver=Resolver(), limit=0,
+                                ssl=ssl.create_default_context(cafile=CA))
+
+home = BothyHome.from_env()
+daemon = Daemon(home, load_config(home.config_path),
+                adapter_options={"discord": {"connector": connector}})
+raise SystemExit(asyncio.run(daemon.serve()))
+"""
+
+
+@dataclass
+class _Mention:
+    """One mention's moments, on this process's monotonic clock (seconds)."""
+
+    subject: str  # the run's subject: "<platform>:<thread>"
+    sent: float  # the mention left the fake
+    reacted: float  # the fake got the reaction
+    asked: float  # the model server got the request
+    answered: float  # the model server had written its reply
+    posted: float  # the fake got the answer's post
+
+    @property
+    def reaction_ms(self) -> float:
+        return (self.reacted - self.sent) * 1000
+
+    @property
+    def overhead_ms(self) -> float:
+        """Mention → answer, less the model's own time."""
+        return ((self.posted - self.sent) - (self.answered - self.asked)) * 1000
+
+
+@dataclass
+class _Started:
+    """A serve subprocess, and when it wrote ``serve starting`` and ``serve ready``."""
+
+    process: asyncio.subprocess.Process
+    starting_s: float  # after spawn
+    ready_s: float  # after spawn
+
+    async def stop(self) -> int:
+        """SIGTERM, then its exit code."""
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(DEADLINE_S):
+            return await self.process.wait()
+
+
+def main() -> None:
+    """Measure (a) `bothy serve` with Slack and (b) the daemon with Slack and Discord."""
+    sys.path.insert(0, str(REPO))
+    root = scratch("chat-")
+    saved = {name: os.environ.pop(name) for name in list(os.environ)
+             if name.lower().endswith("_proxy")}  # chat-testing.md pitfall 1
+    try:
+        asyncio.run(_bench(root))
+    finally:
+        os.environ.update(saved)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def _bench(root: Path) -> None:
+    from tests.fakes.discord import Certificates, FakeDiscord
+    from tests.fakes.model_server import ModelServer
+    from tests.fakes.slack import FakeSlack
+
+    async with ModelServer() as model, FakeSlack(ack_timeout_s=5.0) as slack:
+        slack_connect_s = await _slack_serve(root / "slack", model, slack)
+        certificates = Certificates.create(_mkdir(root / "tls"))
+        async with FakeDiscord(certificates) as discord:
+            await _both_serve(root / "both", model, slack, discord, certificates,
+                              slack_connect_s)
+
+
+# ---------------------------------------------------------------- (a) bothy serve with Slack
+
+
+async def _slack_serve(root: Path, model: Any, slack: Any) -> float:
+    """(a); returns its `serve starting` → `serve ready` time, for (b) to compare with."""
+    site = _site(root, model, slack=slack)
+    print("   (a) `python -m bothy serve`, Slack connected to the fake Slack:", flush=True)
+    async with _serving(site, ["-m", "bothy", "serve"]) as serve:
+        await asyncio.sleep(IDLE_S)  # idle on purpose: the memory of a serve that waits
+        idle_mb = _rss_mb(serve.process.pid)
+        mentions = await _mentions(model, lambda n: _slack_mention(slack, model, n))
+        await asyncio.sleep(IDLE_S)
+        after_mb = _rss_mb(serve.process.pid)
+        code = await serve.stop()
+    figure("start → serve ready, Slack connected (ms)", serve.ready_s * 1000, "ms",
+           READY_TARGET_MS, higher_is_better=False)
+    _note(f"spawn → `serve starting` (interpreter, imports) {serve.starting_s * 1000:.0f} ms;"
+          " starting → ready (state, recovery, listeners, Slack)"
+          f" {(serve.ready_s - serve.starting_s) * 1000:.0f} ms")
+    figure(f"idle VmRSS of serve after {IDLE_S:g} s (MB = 10^6 B)", idle_mb, "MB",
+           RSS_TARGET_MB, higher_is_better=False)
+    _note(f"after {len(mentions)} runs and {IDLE_S:g} s idle again: {after_mb:.1f} MB (codex"
+          " workers are processes of their own, not counted)")
+    _latencies("Slack", site, mentions)
+    _note(f"serve exited {code} after SIGTERM")
+    return serve.ready_s - serve.starting_s
+
+
+async def _slack_mention(slack: Any, model: Any, n: int) -> _Mention:
+    """One Slack mention, waited on until its answer is posted; the fakes' own times."""
+    served = len(model.timings)
+    ts = slack.send_mention(SLACK_OPERATOR, SLACK_CHANNEL, f"ping {n}")
+    await slack.wait_for(lambda: any(p.thread_ts == ts for p in slack.posts),
+                         timeout_s=DEADLINE_S)
+    envelopes = set(slack.envelopes_of(ts))
+    sent = min(d.at for d in slack.deliveries if d.envelope_id in envelopes and d.sent)
+    reacted = min(c.at for c in slack.calls_to("reactions.add")
+                  if c.args.get("timestamp") == ts)
+    posted = min(p.at for p in slack.posts if p.thread_ts == ts)
+    return _mention(n, f"slack:{ts}", model.timings[served:], sent, reacted, posted)
+
+
+# ---------------------------------------------------------------- (b) Slack and Discord
+
+
+async def _both_serve(root: Path, model: Any, slack: Any, discord: Any, certificates: Any,
+                      slack_connect_s: float) -> None:
+    from tests.fakes.discord import BOT_TOKEN, HOSTS
+
+    site = _site(root, model, slack=slack, discord=True)
+    argv = ["-c", _SERVE_WITH_DISCORD, str(discord.port), str(certificates.ca_pem),
+            ",".join(HOSTS)]
+    print("   (b) the same daemon with Slack and Discord — not `bothy serve` itself: a wrapper"
+          " gives the Discord adapter a connector to the fake Discord, which `bothy serve`"
+          " cannot be given:", flush=True)
+    async with _serving(site, argv, env={"DISCORD_BOT_TOKEN": BOT_TOKEN}) as serve:
+        await asyncio.sleep(IDLE_S)
+        idle_mb = _rss_mb(serve.process.pid)
+        mentions = await _mentions(model, lambda n: _discord_mention(discord, model, n))
+        code = await serve.stop()
+    connect_s = serve.ready_s - serve.starting_s
+    figure("start → serve ready, Slack + Discord (ms)", serve.ready_s * 1000, "ms",
+           READY_TARGET_MS, higher_is_better=False)
+    _note(f"spawn → `serve starting` {serve.starting_s * 1000:.0f} ms; starting → ready"
+          f" {connect_s * 1000:.0f} ms, about {(connect_s - slack_connect_s) * 1000:.0f} ms"
+          " more than (a): Bothy connects the adapters one after the other, and discord.py"
+          " is ready only guild_ready_s (DiscordAdapter's default 2.0 s) after the last"
+          " GUILD_CREATE")
+    figure(f"idle VmRSS, both connected, after {IDLE_S:g} s (MB)", idle_mb, "MB",
+           RSS_TARGET_MB, higher_is_better=False)
+    _latencies("Discord", site, mentions)
+    _note("Discord's times are when this process saw the fake record the reaction and the"
+          " post (the fake keeps no times; it wakes this loop on each request)")
+    _note(f"daemon exited {code} after SIGTERM")
+
+
+async def _discord_mention(discord: Any, model: Any, n: int) -> _Mention:
+    """One Discord mention, waited on until its answer is posted."""
+    from tests.fakes.discord import CHANNEL_ID
+
+    served = len(model.timings)
+    seen: dict[str, float] = {}
+    sent = time.monotonic()
+    mention = await discord.send_mention(DISCORD_OPERATOR, CHANNEL_ID, f"ping {n}")
+
+    def noted() -> bool:
+        now = time.monotonic()
+        if "reacted" not in seen and any(r.message_id == mention for r in discord.reactions):
+            seen["reacted"] = now
+        if "posted" not in seen and discord.posts_in(mention):
+            seen["posted"] = now
+        return len(seen) == 2
+
+    await discord.wait_for(noted, f"the answer to mention {n}", timeout_s=DEADLINE_S)
+    return _mention(n, f"discord:{mention}", model.timings[served:], sent, seen["reacted"],
+                    seen["posted"])
+
+
+# ---------------------------------------------------------------- mentions and their parts
+
+
+async def _mentions(model: Any, one: Callable[[int], Any]) -> list[_Mention]:
+    """A cold mention, then ``MENTIONS`` more, one at a time, each answered at once."""
+    from tests.fakes.model_server import text
+
+    model.script(*(text(f"Answer {n}.") for n in range(MENTIONS + 1)))
+    return [await one(n) for n in range(MENTIONS + 1)]
+
+
+def _mention(n: int, subject: str, timings: list[tuple[float, float]], sent: float,
+             reacted: float, posted: float) -> _Mention:
+    if len(timings) != 1:
+        raise RuntimeError(f"mention {n}: {len(timings)} model requests, expected 1")
+    asked, answered = timings[0]
+    return _Mention(subject, sent, reacted, asked, answered, posted)
+
+
+def _latencies(platform: str, site: Any, mentions: list[_Mention]) -> None:
+    cold, warm = mentions[0], mentions[1:]
+    reactions = [m.reaction_ms for m in warm]
+    overheads = [m.overhead_ms for m in warm]
+    figure(f"{platform}: mention → first reaction, p50 (ms)", median(reactions), "ms",
+           REACTION_TARGET_MS, higher_is_better=False)
+    figure(f"{platform}: mention → first reaction, p99 (ms)", percentile(reactions, 99), "ms",
+           REACTION_TARGET_MS, higher_is_better=False)
+    figure(f"{platform}: mention → answer − model, p50 (ms)", median(overheads), "ms",
+           OVERHEAD_TARGET_MS, higher_is_better=False)
+    figure(f"{platform}: mention → answer − model, p99 (ms)", percentile(overheads, 99), "ms",
+           OVERHEAD_TARGET_MS, higher_is_better=False)
+    _note(f"{len(warm)} mentions one at a time, after a cold first one (reaction"
+          f" {cold.reaction_ms:.0f} ms, answer − model {cold.overhead_ms:.0f} ms); the p99 of"
+          f" {len(warm)} is their maximum")
+    parts = _parts(site, warm)
+    _note("where mention → answer goes (medians, ms): "
+          + "; ".join(f"{name} {median(values):.0f}" for name, values in parts.items()))
+    _note("so the overhead includes spawning `codex app-server` and its thread and turn for"
+          " every run, not only Bothy's own work")
+
+
+def _parts(site: Any, mentions: list[_Mention]) -> dict[str, list[float]]:
+    """Each mention's time cut at its run's audit records (their wall-clock timestamps put on
+    this process's monotonic clock; both processes read the same system clock)."""
+    from tests.fakes.shell import audit_records
+
+    offset = time.time() - time.monotonic()
+    moments: dict[tuple[str, str], float] = {}
+    for record in audit_records(site, lambda r: r.kind in ("run", "turn", "worker")):
+        key = (str(record.subject), f"{record.kind} {record.event}")
+        moments.setdefault(key, record.ts.timestamp() - offset)
+    names = ("mention → reaction", "→ `run started` (admitted, group spawned)",
+             "→ `turn started` (codex up, thread)", "→ model request",
+             "model (left out)", "→ `worker stopped`", "→ answer posted")
+    parts: dict[str, list[float]] = {name: [] for name in names}
+    for m in mentions:
+        started = moments.get((m.subject, "run started"))
+        turn = moments.get((m.subject, "turn started"))
+        stopped = moments.get((m.subject, "worker stopped"))
+        if started is None or turn is None or stopped is None:
+            continue
+        cuts = (m.sent, m.reacted, started, turn, m.asked, m.answered, stopped, m.posted)
+        for name, (before, after) in zip(names, itertools.pairwise(cuts), strict=True):
+            parts[name].append((after - before) * 1000)
+    return {name: values for name, values in parts.items() if values}
+
+
+def _note(text: str) -> None:
+    print(f"      {text}", flush=True)
+
+
+# ---------------------------------------------------------------- a serve process
+
+
+@contextlib.asynccontextmanager
+async def _serving(site: Any, argv: list[str], *,
+                   env: dict[str, str] | None = None) -> AsyncIterator[_Started]:
+    """Spawn ``python ARGV`` on ``site``; yield once ``serve ready`` is in the audit. On the
+    way out: SIGKILL it if still running, end the worker groups the site recorded."""
+    from bothy.engine.procgroup import end_orphan_group
+    from tests.fakes.shell import recorded_groups
+    from tests.fakes.slack import APP_TOKEN, BOT_TOKEN
+
+    tokens = {"SLACK_BOT_TOKEN": BOT_TOKEN, "SLACK_APP_TOKEN": APP_TOKEN, **(env or {})}
+    log_path = site.root / "serve.log"
+    with log_path.open("wb") as log:
+        spawned = time.time()
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, *argv, env=site.env(**tokens), cwd=REPO,
+            stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log)
+        try:
+            ready = await _serve_record(site, "ready", lambda: process.returncode is not None)
+            if ready is None:
+                raise RuntimeError(f"serve exited {process.returncode} before it was ready:\n"
+                                   + log_path.read_text()[-2000:])
+            starting = await _serve_record(site, "starting", lambda: True)
+            assert starting is not None
+            yield _Started(process, starting - spawned, ready - spawned)
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            for record in await asyncio.to_thread(recorded_groups, site.home):
+                await end_orphan_group(record, grace_s=1.0, kill_wait_s=5.0)
+
+
+async def _serve_record(site: Any, event: str, gave_up: Callable[[], bool]) -> float | None:
+    """The wall-clock time of the site's last ``serve EVENT`` record, once there is one."""
+    from tests.fakes.shell import audit_records
+
+    async with asyncio.timeout(DEADLINE_S):
+        while True:
+            found = audit_records(site, lambda r: (r.kind, r.event) == ("serve", event))
+            if found:
+                return found[-1].ts.timestamp()
+            if gave_up():
+                return None
+            # Another process's file: nothing to await but a short poll. The figure is the
+            # record's own timestamp, so the poll's period does not enter it.
+            await asyncio.sleep(0.02)
+
+
+def _site(root: Path, model: Any, *, slack: Any, discord: bool = False) -> Any:
+    from tests.fakes.discord import ALERT_CHANNEL_ID
+    from tests.fakes.site import Site
+
+    chat: dict[str, Any] = {"slack": {"api_url": slack.api_url,
+                                      "allowed_users": [SLACK_OPERATOR]}}
+    if discord:
+        chat["discord"] = {"allowed_users": [DISCORD_OPERATOR],
+                           "alert_channel": ALERT_CHANNEL_ID}
+    return Site(_mkdir(root), model.base_url, listen={"tailnet_port": _free_port()}, chat=chat)
+
+
+def _rss_mb(pid: int) -> float:
+    """The process's resident set (VmRSS), in MB (10^6 bytes)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024 / 1e6
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
