@@ -28,15 +28,17 @@ from typing import Any
 import httpx
 
 from bothy.chat.base import ChatAdapter
-from bothy.chat.router import ChatRouter
+from bothy.chat.router import SOURCE as CHAT_SOURCE
+from bothy.chat.router import ChatRouter, message_of
 from bothy.config import Config
 from bothy.engine.procgroup import process_start_time
 from bothy.engine.questions import QuestionBoard
+from bothy.engine.state import RunRow
 from bothy.errors import BothyError, ConfigError, TemporaryFailure
 from bothy.home import BothyHome
 from bothy.runtime import Runtime
 from bothy.wakes.dispatcher import Dispatcher
-from bothy.wakes.inbox import Inbox
+from bothy.wakes.inbox import Inbox, WakeRow
 from bothy.wakes.poller import Poller
 from bothy.wakes.schedules import ScheduleRunner, ScheduleStore
 from bothy.wakes.webhook import WebhookListener
@@ -90,13 +92,14 @@ class Daemon:
         await rt.audit.record("serve", "starting", "ok",
                               details={"pid": os.getpid(), "site": self._cfg.site})
         recovered = await supervisor.recovery.sweep()
-        requeued = await self._recover_wakes(rt, inbox)
+        requeued, interrupted = await self._recover_wakes(rt, inbox)
         dispatcher = Dispatcher(self._cfg, inbox=inbox, supervisor=supervisor, audit=rt.audit,
                                 clock=rt.clock, home=self._home)
         listeners = await self._listen(rt, inbox, dispatcher)
         router = await self._chat(rt, inbox, dispatcher, listeners)
         if router is not None:
             dispatcher.attach_chat(router)
+            await self._announce_interrupted(inbox, router, interrupted)
             if any(s is not None and s.alert_channel
                    for s in (self._cfg.chat.slack, self._cfg.chat.discord)):
                 supervisor.alerts.route_to(router.post_alert)
@@ -189,8 +192,14 @@ class Daemon:
                             board=QuestionBoard(rt.db, clock=rt.clock), db=rt.db,
                             audit=rt.audit, clock=rt.clock, on_accepted=dispatcher.poke)
         try:
-            for name, adapter in adapters.items():
-                await adapter.start(router.on_message)
+            # Connected side by side: discord.py alone waits out its guild-ready delay.
+            started = await asyncio.gather(
+                *(adapter.start(router.on_message) for adapter in adapters.values()),
+                return_exceptions=True,
+            )
+            for name, outcome in zip(adapters, started, strict=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome
                 self.chat_state[name] = "connected"
         except BaseException:
             await _stop_chat(router)
@@ -208,10 +217,14 @@ class Daemon:
             await _first(dispatcher.drain(_STOP_WAIT_S), self._hurry)
         await dispatcher.cancel_all()
 
-    async def _recover_wakes(self, rt: Runtime, inbox: Inbox) -> int:
-        """Wakes left ``running`` by a dead daemon: requeue those whose run never started."""
+    async def _recover_wakes(
+        self, rt: Runtime, inbox: Inbox
+    ) -> tuple[int, list[tuple[WakeRow, RunRow]]]:
+        """Wakes left ``running`` by a dead daemon: requeue those whose run never started;
+        close those whose run was under way (returned, so their threads can be told)."""
         await inbox.recover()
         requeued = 0
+        interrupted: list[tuple[WakeRow, RunRow]] = []
         for wake in await inbox.in_flight():
             row = await rt.db.run(wake.run_id) if wake.run_id else None
             if row is None or row.started_us is None:
@@ -227,7 +240,24 @@ class Daemon:
             await rt.audit.record("wake", "interrupted", "failed", subject=row.subject,
                                   run_id=row.run_id, details={"delivery": wake.key,
                                                               "note": note})
-        return requeued
+            interrupted.append((wake, row))
+        return requeued, interrupted
+
+    async def _announce_interrupted(
+        self, inbox: Inbox, router: ChatRouter, interrupted: list[tuple[WakeRow, RunRow]]
+    ) -> None:
+        """Tell each chat thread whose run a crash cut short that it was stopped."""
+        for wake, row in interrupted:
+            if wake.source != CHAT_SOURCE:
+                continue
+            message, _ = message_of((await inbox.load(wake)).body)
+            if message.platform not in router.adapters:
+                continue
+            thread = row.subject.split(":", 1)[1] if ":" in row.subject else message.thread
+            await router.post(message.platform, message.channel, thread,
+                              "Bothy was restarted while it worked on this, and the run was"
+                              " stopped before it finished. Mention me again to retry.",
+                              run_id=row.run_id)
 
     def stop(self) -> None:
         """Ask a running :meth:`serve` to stop, as the first SIGINT or SIGTERM does (for a

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.model_server import ModelServer, text, tool_call
+from tests.fakes.model_server import ModelServer, stall, text, tool_call
 from tests.fakes.shell import Shell, audit_records, until
 from tests.fakes.site import Site
 from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
@@ -180,3 +180,26 @@ async def test_a_reply_continues_the_same_codex_thread_even_after_a_restart(
                  "It was 64% last week.", "what is filling it?"):
         assert said in history
     assert not audit_records(site, lambda r: (r.kind, r.event) == ("thread", "resume-failed"))
+
+
+async def test_a_restart_after_a_sigkill_tells_the_thread_and_runs_nothing_twice(
+    tmp_path: Path, server: ModelServer, slack: FakeSlack
+) -> None:
+    """SIGKILL mid-run: the next daemon ends the orphan, tells the thread, and does not rerun."""
+    server.script(stall("Looking"))
+    site = _site(tmp_path, server, slack)
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        ts = slack.send_mention(OPERATOR, CHANNEL, "check the backups")
+        await until(lambda: bool(audit_records(
+            site, lambda r: (r.kind, r.event) == ("turn", "started"))), "the run working")
+        await server.wait_for_requests(1)
+        await serving.command.kill()
+        restarted = await start_serve(shell)
+        await until(lambda: any("was restarted" in post for post in _posts_in(slack, ts)),
+                    "the thread told of the restart")
+        assert await restarted.stop() == 0
+    recovered = audit_records(site, lambda r: (r.kind, r.event) == ("run", "recovered"))
+    assert [r.details["was"] for r in recovered] == ["running"]
+    assert len(audit_records(site, lambda r: (r.kind, r.event) == ("wake", "interrupted"))) == 1
+    assert len(server.requests) == 1  # the mention was not run a second time
