@@ -92,8 +92,9 @@ class DiscordAdapter:
 
     ``connector`` makes the aiohttp connector discord.py uses (called inside the running loop;
     tests point the Discord hosts at a loopback fake with it). ``guild_ready_s`` is how long
-    discord.py waits for guilds after READY before it is ready; ``heartbeat_timeout_s`` how
-    long without a heartbeat ACK before it reconnects; ``ready_timeout_s`` bounds
+    discord.py waits for guilds after READY before it is ready (0.5 s, not discord.py's 2 s: a
+    bot that answers in threads by id needs no member lists, and start-up is on the clock);
+    ``heartbeat_timeout_s`` how long without a heartbeat ACK before it reconnects; ``ready_timeout_s`` bounds
     :meth:`start`; ``stop_grace_s`` how long :meth:`stop` waits for ``on_message`` calls.
     """
 
@@ -105,7 +106,7 @@ class DiscordAdapter:
         *,
         environ: Mapping[str, str] | None = None,
         connector: Callable[[], aiohttp.BaseConnector] | None = None,
-        guild_ready_s: float = 2.0,
+        guild_ready_s: float = 0.5,
         heartbeat_timeout_s: float = 60.0,
         ready_timeout_s: float = 30.0,
         stop_grace_s: float = 5.0,
