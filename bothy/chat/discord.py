@@ -94,8 +94,9 @@ class DiscordAdapter:
     tests point the Discord hosts at a loopback fake with it). ``guild_ready_s`` is how long
     discord.py waits for guilds after READY before it is ready (0.5 s, not discord.py's 2 s: a
     bot that answers in threads by id needs no member lists, and start-up is on the clock);
-    ``heartbeat_timeout_s`` how long without a heartbeat ACK before it reconnects; ``ready_timeout_s`` bounds
-    :meth:`start`; ``stop_grace_s`` how long :meth:`stop` waits for ``on_message`` calls.
+    ``heartbeat_timeout_s`` how long without a heartbeat ACK before it reconnects;
+    ``ready_timeout_s`` bounds :meth:`start`; ``stop_grace_s`` how long :meth:`stop` waits for
+    ``on_message`` calls.
     """
 
     platform = PLATFORM
