@@ -11,15 +11,27 @@ look around: ``BOTHY_HOME=.demo/home .venv/bin/bothy audit``.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import shutil
+import signal
+import socket
 import sys
 from pathlib import Path
+
+import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.fakes import github  # noqa: E402
 from tests.fakes.model_server import ModelServer, stall, text, tool_call  # noqa: E402
 from tests.fakes.site import Site  # noqa: E402
+from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack  # noqa: E402
+
+HOOK_SECRET = "demo-webhook-secret"
+OPERATOR = "UOPERATOR"
+SERVE_ENV = {"GH_SECRET": HOOK_SECRET, "SLACK_BOT_TOKEN": BOT_TOKEN, "SLACK_APP_TOKEN": APP_TOKEN}
 
 DEMO_ROOT = REPO / ".demo"
 
@@ -39,7 +51,60 @@ async def bothy(site: Site, *args: str) -> int:
     return done.code
 
 
-async def day(server: ModelServer, site: Site) -> None:
+async def serve_scenes(server: ModelServer, site: Site, slack: FakeSlack) -> None:
+    """`bothy serve` wakes on its own: a signed GitHub delivery, then a Slack mention."""
+    say("13:00  `bothy serve` starts: a webhook listener on 127.0.0.1 and Slack (a fake Slack on")
+    say("       loopback, driven by the real slack-bolt).")
+    process = await site.start("serve", **SERVE_ENV)
+    await _until(lambda: _count(site, "serve", "ready") > 0, "bothy serve ready")
+    port = site.config["listen"]["tailnet_port"]
+
+    say("13:05  GitHub delivers a signed pull_request event; Bothy answers 200 once it is on disk.")
+    server.script(text("Reviewed PR #42: the disk check looks right."))
+    payload = github.pull_request_opened(42, title="Fix the disk check")
+    body = github.encode(payload)
+    async with httpx.AsyncClient() as client:
+        answer = await client.post(f"http://127.0.0.1:{port}/hooks/github", content=body,
+                                   headers=github.headers("pull_request", body, HOOK_SECRET))
+    say(f"  POST /hooks/github -> {answer.status_code} {answer.text}")
+    await _until(lambda: _count(site, "run", "finished") >= 4, "the pull request's run")
+
+    say("13:20  Someone mentions the bot in Slack; it reacts and answers in the thread.")
+    server.script(text("Backups ran at 03:00 and took 12 minutes."))
+    ts = slack.send_mention(OPERATOR, "CWORK", "did the backups run?")
+    await _until(lambda: any(p.thread_ts == ts for p in slack.posts), "the answer in Slack")
+    for post in slack.posts:
+        if post.thread_ts == ts:
+            say(f"  slack thread {ts}: {post.text}")
+    process.send_signal(signal.SIGTERM)
+    await asyncio.wait_for(process.wait(), 60)
+    say(f"  bothy serve stopped (exit {process.returncode})")
+    say()
+
+
+def _count(site: Site, kind: str, event: str) -> int:
+    path = site.audit_path
+    if not path.exists():
+        return 0
+    return sum(1 for line in path.read_text().splitlines()
+               if (rec := json.loads(line))["kind"] == kind and rec["event"] == event)
+
+
+async def _until(condition: object, what: str, timeout_s: float = 60.0) -> None:
+    assert callable(condition)
+    async with asyncio.timeout(timeout_s):
+        # Another process's files: there is no event to await, only a look every 100 ms.
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def day(server: ModelServer, site: Site, slack: FakeSlack) -> None:
     """Each scene scripts what the model will say, then runs the real CLI."""
     say("06:00  Morning: is everything in place?")
     await bothy(site, "doctor")
@@ -66,6 +131,8 @@ async def day(server: ModelServer, site: Site) -> None:
     server.script(stall("Thinking about it"))
     await bothy(site, "run", "Summarise the logs", "--subject", "logs", "--wall-clock", "2",
                 "--max-usd", "0.05")
+
+    await serve_scenes(server, site, slack)
 
     say("14:00  A job that keeps calling tools spends its small reservation and is stopped:")
     say("       measured spend fills the reservation from the inside.")
@@ -97,10 +164,23 @@ async def main() -> int:
     say("The model is SCRIPTED (a fake Responses API server on 127.0.0.1); bothy and")
     say("codex app-server are the real ones. Nothing leaves this machine.")
     say()
-    async with ModelServer() as server:
-        site = Site(DEMO_ROOT, server.base_url, site="demo-mini",
-                    budget={"per_run_usd": "0.50", "per_day_usd": "0.55"})
-        await day(server, site)
+    for name in [n for n in os.environ if n.lower().endswith("_proxy")]:
+        del os.environ[name]  # slack_sdk would send even loopback calls through a proxy
+    async with ModelServer() as server, FakeSlack() as slack:
+        site = Site(
+            DEMO_ROOT, server.base_url, site="demo-mini",
+            budget={"per_run_usd": "0.50", "per_day_usd": "0.60"},
+            listen={"tailnet_port": _free_port()},
+            webhooks={"github": {
+                "path": "/hooks/github", "secret_env": ["GH_SECRET"],
+                "jobs": [{"event": "pull_request", "actions": ["opened"],
+                          "prompt": "Review pull request #{pull_request.number}:"
+                                    " {pull_request.title}",
+                          "subject": "pr:{pull_request.number}", "max_usd": "0.05"}],
+            }},
+            chat={"slack": {"api_url": slack.api_url, "allowed_users": [OPERATOR]}},
+        )
+        await day(server, site, slack)
         if server.unscripted:
             say(f"demo error: the model was asked {server.unscripted} unscripted question(s)")
             return 1
