@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="checks results 
 _BOUND_S = 20.0
 _FAKE = Path(__file__).resolve().parent / "fakes" / "mcp_server.py"
 _SECRET = "xoxb-not-for-mcp-servers"
-_CHATTY = "print('hello', flush=True); import time; time.sleep(60)"
+_CHATTY = "print('hello', flush=True); import signal; signal.pause()"
 
 
 def _fake(mode: str = "normal", **limits: float) -> McpServerConfig:

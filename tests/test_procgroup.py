@@ -150,13 +150,13 @@ async def test_a_group_that_ignores_sigterm_is_killed_after_the_grace(
 
 _ZOMBIE_MAKER = textwrap.dedent(
     """
-    import os, time
+    import os, signal
     child = os.fork()
     if child == 0:
         os._exit(0)
     os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT)  # it has exited; it is not reaped
     print(child, flush=True)
-    time.sleep(300)
+    signal.pause()  # alive until the test's signal ends it
     """
 )
 
@@ -195,7 +195,7 @@ async def test_a_zombie_member_is_not_alive_though_killpg_still_finds_it(
 
 _INTERMEDIATE = textwrap.dedent(
     """
-    import subprocess, sys, time
+    import signal, subprocess, sys
     from bothy.engine.procgroup import process_start_time
     group = subprocess.Popen(
         ["sh", "-c", sys.argv[1]], start_new_session=True,
@@ -206,7 +206,7 @@ _INTERMEDIATE = textwrap.dedent(
     if sys.argv[2] == "reap-leader":
         group.wait()
     print(group.pid, start, flush=True)
-    time.sleep(300)
+    signal.pause()  # alive until the test SIGKILLs it
     """
 )
 
