@@ -166,7 +166,7 @@ class _AppServer:
         assert self._proc.stdout is not None
         try:
             async for line in self._proc.stdout:
-                self._dispatch(json.loads(line))
+                self._route(json.loads(line))
         finally:
             self._notifications.put_nowait(None)
             for future in self._pending.values():
@@ -174,7 +174,7 @@ class _AppServer:
                     future.set_exception(_AppServerExited(
                         f"app-server exited before replying; stderr:\n{self.stderr_tail}"))
 
-    def _dispatch(self, message: JSON) -> None:
+    def _route(self, message: JSON) -> None:
         if "id" in message and "method" not in message:
             self._pending.pop(message["id"]).set_result(message)
         elif "id" in message:

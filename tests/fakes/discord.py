@@ -567,7 +567,7 @@ class FakeDiscord:
 
     # ---------------------------------------------------------------- dispatching
 
-    async def _dispatch(self, session: _Session, event: str, data: JSON) -> None:
+    async def _emit(self, session: _Session, event: str, data: JSON) -> None:
         session.seq += 1
         frame = {"op": 0, "t": event, "s": session.seq, "d": data}
         session.log.append(frame)
@@ -585,7 +585,7 @@ class FakeDiscord:
                         or any(user["id"] == BOT_ID for user in message["mentions"]))
         if not sees_content:
             visible.update(content="", embeds=[], attachments=[], components=[])
-        await self._dispatch(session, "MESSAGE_CREATE", visible)
+        await self._emit(session, "MESSAGE_CREATE", visible)
 
     # ---------------------------------------------------------------- gateway
 
@@ -653,14 +653,14 @@ class FakeDiscord:
         self._sessions[session.id] = session
         self._session = session
         live.record.session_id = session.id
-        await self._dispatch(session, "READY", {
+        await self._emit(session, "READY", {
             "v": 10, "user": self._user(BOT_ID), "guilds": [{"id": GUILD_ID, "unavailable": True}],
             "session_id": session.id, "session_type": "normal",
             "resume_gateway_url": f"wss://{RESUME_HOST}", "private_channels": [],
             "application": {"id": APP_ID, "flags": 0},
         })
         if intents & GUILDS:
-            await self._dispatch(session, "GUILD_CREATE", self._guild())
+            await self._emit(session, "GUILD_CREATE", self._guild())
 
     async def _resume(self, live: _Live, data: JSON) -> None:
         await self._resumes_open.wait()
@@ -792,7 +792,7 @@ class FakeDiscord:
         thread = self._thread(message_id)
         session = self._session
         if session is not None and session.resumable and session.intents & GUILDS:
-            await self._dispatch(session, "THREAD_CREATE", {**thread, "newly_created": True})
+            await self._emit(session, "THREAD_CREATE", {**thread, "newly_created": True})
         return _json(thread, 201)
 
     async def _add_reaction(self, request: web.Request) -> web.Response:
