@@ -83,7 +83,7 @@ class Dispatcher:
                     break
                 if await self._inbox.claim(wake.id):
                     admitted = _Admission()
-                    task = asyncio.create_task(self._handle(wake, admitted),
+                    task = asyncio.create_task(self._guarded(wake, admitted),
                                                name=f"wake-{wake.id}")
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
@@ -113,6 +113,23 @@ class Dispatcher:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _guarded(self, wake: WakeRow, admitted: _Admission) -> None:
+        """Handle a wake; one that breaks (a corrupt payload, a bug) is closed out loud
+        instead of vanishing with its task: recorded, abandoned, and raised as an alert."""
+        try:
+            await self._handle(wake, admitted)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # any failure here must be heard, not lost
+            reason = f"{type(exc).__name__}: {exc}"[:500]
+            await self._audit.record("wake", "crashed", "failed", subject=_subject(wake),
+                                     details={"delivery": wake.key, "reason": reason})
+            await self._inbox.finish(wake.id, "abandoned", run_id=None,
+                                     note=f"handling it failed: {reason}")
+            await self._supervisor.alerts.raise_alert(
+                f"wake {wake.key}", f"handling it failed: {reason}", subject=_subject(wake)
+            )
 
     async def _handle(self, wake: WakeRow, admitted: _Admission) -> None:
         delivery = await self._inbox.load(wake)
