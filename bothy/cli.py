@@ -123,13 +123,38 @@ def _sop_parser(commands: Any) -> None:
     put.add_argument("--file", help="read the text from this file")
 
 
+def _config_exit(command: str, message: str) -> int:
+    """78 (do not restart me) — except `serve` under launchd, which cannot filter exit codes
+    and would relaunch a 78 every 10 s forever (docs/RUNBOOK.md): there the error is written
+    to ``$BOTHY_HOME/state/config-error.txt`` and the exit is 0, so launchd leaves it down."""
+    import os
+
+    if command != "serve" or os.environ.get("BOTHY_SERVICE_MANAGER") != "launchd":
+        return ExitCode.CONFIG
+    from bothy.home import BothyHome
+
+    state = BothyHome.from_env().state_dir
+    try:
+        state.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(state / "config-error.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(message + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as exc:
+        print(f"bothy: could not record the configuration error: {exc}", file=sys.stderr)
+    print("bothy: not restarting under launchd; fix the configuration, then"
+          " `launchctl kickstart` the job", file=sys.stderr)
+    return ExitCode.OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _dispatch(args)
     except ConfigError as exc:
         print(f"bothy: configuration error: {exc}", file=sys.stderr)
-        return ExitCode.CONFIG
+        return _config_exit(args.command, str(exc))
     except CodexNotFoundError as exc:
         print(f"bothy: {exc}", file=sys.stderr)
         return ExitCode.CONFIG

@@ -34,11 +34,12 @@ class Shown:
     stderr: str
 
 
-async def bothy(home: Path, *args: str) -> Shown:
-    """Run the real ``bothy`` CLI with ``BOTHY_HOME=home``."""
+async def bothy(home: Path, *args: str, **extra_env: str) -> Shown:
+    """Run the real ``bothy`` CLI with ``BOTHY_HOME=home`` (and ``extra_env``)."""
     env = {key: value for key, value in os.environ.items()
            if not key.startswith("BOTHY_")}
     env["BOTHY_HOME"] = str(home)
+    env.update(extra_env)
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bothy", *args, env=env,
         stdin=asyncio.subprocess.DEVNULL,
@@ -169,3 +170,14 @@ async def test_doctor_reports_a_bad_config_and_exits_78(home: Path) -> None:
     assert shown.stdout.startswith("[fail] config: config file ")
     assert "budget.per_ran_usd: unknown key" in shown.stdout
     assert shown.stdout.splitlines()[-1] == "0 passed, 0 warned, 1 failed"
+
+
+async def test_serve_under_launchd_records_a_config_error_and_exits_zero(home: Path) -> None:
+    """launchd cannot filter 78: with BOTHY_SERVICE_MANAGER=launchd the error is kept, exit 0."""
+    (home / "config.json").write_text('{"site": "x"}')
+    launchd = await bothy(home, "serve", BOTHY_SERVICE_MANAGER="launchd")
+    assert launchd.code == 0, launchd.stderr
+    recorded = (home / "state" / "config-error.txt").read_text()
+    assert "budget: required key is missing" in recorded
+    systemd = await bothy(home, "serve")
+    assert systemd.code == 78
