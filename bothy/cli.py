@@ -134,13 +134,10 @@ def _config_exit(command: str, message: str) -> int:
     from bothy.home import BothyHome
 
     state = BothyHome.from_env().state_dir
+    from bothy.atomicfile import write_atomically
+
     try:
-        state.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(state / "config-error.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(message + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        write_atomically(state / "config-error.txt", (message + "\n").encode())
     except OSError as exc:
         print(f"bothy: could not record the configuration error: {exc}", file=sys.stderr)
     print("bothy: not restarting under launchd; fix the configuration, then"

@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from bothy.atomicfile import write_atomically
 from bothy.chat.base import ChatAdapter
 from bothy.chat.router import SOURCE as CHAT_SOURCE
 from bothy.chat.router import ChatRouter, message_of
@@ -164,11 +165,7 @@ class Daemon:
             return
         record = {"pid": os.getpid(), "pid_start": process_start_time(os.getpid()),
                   "state": state, "ports": self.ports, "chat": self.chat_state}
-        partial = path.with_suffix(".tmp")
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(record, handle)
-        os.replace(partial, path)
+        write_atomically(path, json.dumps(record).encode())
 
     async def _chat(
         self, rt: Runtime, inbox: Inbox, dispatcher: Dispatcher,

@@ -12,20 +12,16 @@ Every method here blocks on the file system; coroutines call them through
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from bothy.atomicfile import write_atomically
 from bothy.errors import StateError, UsageError
 
 MAX_SOP_BYTES = 64 * 1024  # a procedure is read whole into every prompt that carries it
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$")
 _SUFFIX = ".md"
-_FILE_MODE = 0o600
-_DIR_MODE = 0o700
 
 
 @dataclass(frozen=True)
@@ -108,7 +104,7 @@ class SopLibrary:
         if not text.strip():
             raise UsageError(f"SOP {name!r} is empty: give the procedure's text")
         try:
-            _replace(path, data)
+            write_atomically(path, data)
         except OSError as exc:
             raise StateError(f"Cannot write SOP {name!r} to {path}: {exc.strerror or exc}"
                              ) from exc
@@ -120,26 +116,3 @@ def _title(text: str) -> str:
         if line.strip():
             return line.strip().lstrip("#").strip()[:80]
     return ""
-
-
-def _replace(path: Path, data: bytes) -> None:
-    path.parent.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
-    partial = path.with_name(f".tmp-{secrets.token_hex(8)}")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, _FILE_MODE)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(partial, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(partial)
-    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)

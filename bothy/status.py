@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from bothy.atomicfile import write_atomically
 from bothy.clock import from_us, to_us, utc_now
 from bothy.home import BothyHome
 from bothy.money import format_usd
@@ -58,12 +59,8 @@ def _validate(home: BothyHome, stamp: Any) -> StatusView:
                       cfg.pool.max_workers)
     if home.state_dir.is_dir():
         record = {"sha256": hashlib.sha256(raw).hexdigest(), "view": asdict(view)}
-        partial = stamp.with_suffix(".tmp")
         with contextlib.suppress(OSError):  # the stamp only saves time; never fail status on it
-            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                handle.write(json.dumps(record))
-            os.replace(partial, stamp)
+            write_atomically(stamp, json.dumps(record).encode())
     return view
 
 

@@ -8,11 +8,11 @@ rename, fsync of the directory) so a crash never leaves half a checklist.
 
 from __future__ import annotations
 
-import contextlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from bothy.atomicfile import write_atomically
 
 MAX_ITEMS = 100
 MAX_ITEM_CHARS = 300
@@ -97,17 +97,4 @@ class Checklist:
         return ChecklistResult(True, f"removed: {item}")
 
     def _write(self, items: list[str]) -> None:
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        partial = self.path.with_suffix(".md.tmp")
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write("".join(f"- {item}\n" for item in items))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(partial, self.path)
-        directory = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            with contextlib.suppress(OSError):
-                os.fsync(directory)
-        finally:
-            os.close(directory)
+        write_atomically(self.path, "".join(f"- {item}\n" for item in items).encode())

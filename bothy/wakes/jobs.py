@@ -66,7 +66,7 @@ def match(
 def render_subject(template: str, payload: dict[str, Any], route_name: str) -> str:
     def fill(found: re.Match[str]) -> str:
         name = found.group(1)
-        value = route_name if name == "route" else _lookup(payload, name)
+        value = route_name if name == "route" else lookup(payload, name)
         return _UNSAFE_SUBJECT.sub("_", str(value if value is not None else "none"))
 
     subject = _PLACEHOLDER.sub(fill, template)[:_MAX_SUBJECT_CHARS]
@@ -85,7 +85,7 @@ def render_prompt(
 ) -> str:
     """The instruction with framed placeholders, then the payload (or ``raw``), framed."""
     def fill(found: re.Match[str]) -> str:
-        value = _lookup(payload, found.group(1))
+        value = lookup(payload, found.group(1))
         return inline("" if value is None else str(value), token=token)
 
     instruction = _PLACEHOLDER.sub(fill, job.prompt)
@@ -100,7 +100,7 @@ def _author_refusal(job: WebhookJob, payload: dict[str, Any]) -> str | None:
         return None
     association = None
     for holder in ("comment", "review", "pull_request", "issue"):
-        found = _lookup(payload, f"{holder}.author_association")
+        found = lookup(payload, f"{holder}.author_association")
         if isinstance(found, str):
             association = found
             break
@@ -110,7 +110,8 @@ def _author_refusal(job: WebhookJob, payload: dict[str, Any]) -> str | None:
     return f"author association {association or 'unknown'} may not wake this job ({allowed})"
 
 
-def _lookup(payload: Any, dotted: str) -> Any:
+def lookup(payload: Any, dotted: str) -> Any:
+    """``payload["a"]["b"]`` for ``"a.b"``, or None where the path does not exist."""
     value = payload
     for part in dotted.split("."):
         if not isinstance(value, dict) or part not in value:

@@ -57,6 +57,7 @@ from bothy.engine.procgroup import ProcessGroup
 from bothy.engine.state import StateDB
 from bothy.errors import InboxError, ProcessGroupError
 from bothy.wakes.inbox import Accepted, Delivery, Inbox
+from bothy.wakes.jobs import lookup
 
 __all__ = ["EVENT", "SOURCE", "PollReport", "Poller"]
 
@@ -328,7 +329,7 @@ class Poller:
             document: Any = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
             return _Failed(f"the body is not JSON ({exc})")
-        items = _lookup(document, rule.items) if rule.items else document
+        items = lookup(document, rule.items) if rule.items else document
         if not isinstance(items, list):
             where = f"'{rule.items}'" if rule.items else "the body"
             return _Failed(f"{where} is not a JSON list (found {_json_type(items)})")
@@ -461,17 +462,8 @@ async def _read_tail(reader: asyncio.StreamReader, keep_bytes: int) -> bytes:
     return tail
 
 
-def _lookup(document: Any, dotted: str) -> Any:
-    value = document
-    for part in dotted.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
-    return value
-
-
 def _item_id(item: Any, dotted: str) -> str | None:
-    value = _lookup(item, dotted)
+    value = lookup(item, dotted)
     if isinstance(value, bool) or not isinstance(value, str | int):
         return None
     ident = str(value)
