@@ -80,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("--since", help="only records at or after this ISO-8601 time")
     audit.add_argument("--json", action="store_true")
 
-    commands.add_parser("doctor", help="check this installation, one line per check")
+    doctor = commands.add_parser("doctor", help="check this installation, one line per check")
+    doctor.add_argument("--json", action="store_true")
     return parser
 
 

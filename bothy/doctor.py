@@ -1,6 +1,12 @@
 """``bothy doctor``: one line per check, then the count; non-zero on any failure (SPEC §10).
 
-Checks that cover parts not built yet say so with ``[warn]`` rather than pretending.
+The first eight lines are the product page's, in its order and with its labels
+(:data:`SEED_CHECKS`); further checks follow (:data:`MORE_CHECKS`), then
+``N passed, N warned, N failed``. Each check is a small function of the :class:`Scene` (the
+home, its configuration if valid, the worker's launch if codex was found) returning a
+:class:`Finding`; the table gives it its label. The eight always print: a check that needs
+what is missing (a valid config, a writable state directory, codex) fails naming it. A check
+covering a part not built yet says so.
 """
 
 from __future__ import annotations
@@ -11,8 +17,8 @@ import sqlite3
 import subprocess
 import tempfile
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
 
 from bothy.config import Config, load_config
 from bothy.engine.audit import AuditLog
@@ -20,14 +26,35 @@ from bothy.engine.launch import Launch, build_launch, codex_version
 from bothy.engine.prices import PriceTable
 from bothy.errors import BothyError, ConfigError
 from bothy.home import BothyHome
-from bothy.runtime import Runtime
 
 Status = Literal["ok", "warn", "fail"]
 _MARK = {"ok": "[ok ]", "warn": "[warn]", "fail": "[fail]"}
 
 
 @dataclass(frozen=True)
+class Finding:
+    """What one check found: its status and the sentence after the label."""
+
+    status: Status
+    detail: str
+
+
+def ok(detail: str) -> Finding:
+    return Finding("ok", detail)
+
+
+def warn(detail: str) -> Finding:
+    return Finding("warn", detail)
+
+
+def fail(detail: str) -> Finding:
+    return Finding("fail", detail)
+
+
+@dataclass(frozen=True)
 class Check:
+    """One line of the doctor: ``[ok ] label: detail``."""
+
     status: Status
     name: str
     detail: str
@@ -36,144 +63,138 @@ class Check:
         return f"{_MARK[self.status]} {self.name}: {self.detail}"
 
 
+@dataclass(frozen=True)
+class Scene:
+    """What the checks look at. A part that could not be had is None, with the reason."""
+
+    home: BothyHome
+    cfg: Config | None
+    config_problem: str
+    state_problem: str
+    launch: Launch | None
+    launch_problem: str
+
+    def needs_config(self) -> Finding | None:
+        """A failure naming the invalid config file, for a check that needs it; else None."""
+        if self.cfg is not None:
+            return None
+        return fail(f"needs a valid config: {self.home.config_path} is not"
+                    " (see 'config valid' below)")
+
+
+CheckFn = Callable[[Scene], Awaitable[Finding]]
+
+
 @dataclass
 class DoctorReport:
-    checks: list[Check] = field(default_factory=list)
+    checks: list[Check]
     config_error: bool = False
+
+    def count(self, status: Status) -> int:
+        return sum(check.status == status for check in self.checks)
 
     @property
     def failed(self) -> int:
-        return sum(check.status == "fail" for check in self.checks)
+        return self.count("fail")
+
+    def summary(self) -> str:
+        return (f"{self.count('ok')} passed, {self.count('warn')} warned,"
+                f" {self.count('fail')} failed")
 
     def lines(self) -> list[str]:
-        counts = {status: sum(c.status == status for c in self.checks) for status in _MARK}
-        summary = f"{counts['ok']} passed, {counts['warn']} warned, {counts['fail']} failed"
-        return [check.line() for check in self.checks] + [summary]
+        return [check.line() for check in self.checks] + [self.summary()]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"checks": [asdict(check) for check in self.checks], "passed": self.count("ok"),
+                "warned": self.count("warn"), "failed": self.count("fail")}
 
 
 async def run_doctor(home: BothyHome | None = None) -> DoctorReport:
-    home = home or BothyHome.from_env()
-    report = DoctorReport()
+    """Every check, in order: the page's eight, then the others."""
+    scene = await asyncio.to_thread(_scene, home or BothyHome.from_env())
+    checks: list[Check] = []
+    for name, check in (*SEED_CHECKS, *MORE_CHECKS):
+        finding = await _safely(check, scene)
+        checks.append(Check(finding.status, name, finding.detail))
+    return DoctorReport(checks, config_error=scene.cfg is None)
+
+
+async def _safely(check: CheckFn, scene: Scene) -> Finding:
+    """A check that trips on the machine fails with the reason, never a traceback."""
+    try:
+        return await check(scene)
+    except (BothyError, OSError, sqlite3.Error, subprocess.SubprocessError) as exc:
+        return fail(f"{type(exc).__name__}: {exc}")
+
+
+def _scene(home: BothyHome) -> Scene:
+    cfg, config_problem = None, ""
     try:
         cfg = load_config(home.config_path)
     except ConfigError as exc:
-        report.checks.append(Check("fail", "config", str(exc)))
-        report.config_error = True
-        return report
-    report.checks.append(Check("ok", "config", f"{home.config_path} is valid (site {cfg.site})"))
-    report.checks.append(_state_writable(home))
-    if report.checks[-1].status == "fail":
-        return report
-    report.checks.append(await _audit_chain(home))
-    launch_check, launch = _codex_launch(cfg)
-    report.checks.append(launch_check)
-    if launch is not None:
-        report.checks.append(await _codex_version(launch))
-        report.checks.append(await _sandbox(launch))
-    async with Runtime.open(home, cfg) as rt:
-        report.checks.append(await _orphans(rt))
-    report.checks += [_workspace(cfg), _prices(cfg), _budget_mode(), _fts5()]
-    report.checks += [
-        Check("warn", "cairn", "not configured (the Cairn ledger is not built yet)"),
-        _alert_route(cfg),
-    ]
-    return report
+        config_problem = str(exc)
+    launch, launch_problem = None, ""
+    if cfg is not None:
+        try:
+            launch = build_launch(cfg.codex)
+        except BothyError as exc:
+            launch_problem = str(exc)
+    return Scene(home, cfg, config_problem, _state_problem(home), launch, launch_problem)
 
 
-def _state_writable(home: BothyHome) -> Check:
+def _state_problem(home: BothyHome) -> str:
+    """Why nothing can be written under the state directory ("" when it can)."""
     try:
         home.ensure()
         with tempfile.NamedTemporaryFile(dir=home.state_dir, prefix=".doctor-") as probe:
             probe.write(b"probe")
             probe.flush()
             os.fsync(probe.fileno())
-    except (BothyError, OSError) as exc:
-        return Check("fail", "state directory", f"{home.state_dir} is not writable: {exc}")
-    return Check("ok", "state directory", f"{home.state_dir} is writable")
-
-
-async def _audit_chain(home: BothyHome) -> Check:
-    report = await asyncio.to_thread(AuditLog(home.audit_path).verify)
-    if report.ok:
-        return Check("ok", "audit chain", f"intact ({report.count} records verified)")
-    return Check("fail", "audit chain", f"broken: {report.problem}")
-
-
-def _codex_launch(cfg: Config) -> tuple[Check, Launch | None]:
-    try:
-        launch = build_launch(cfg.codex)
     except BothyError as exc:
-        return Check("fail", "codex", str(exc)), None
-    return Check("ok", "codex command", launch.argv[0]), launch
+        return str(exc)
+    except OSError as exc:
+        return f"cannot write in {home.state_dir}: {exc.strerror or exc}"
+    return ""
 
 
-async def _codex_version(launch: Launch) -> Check:
+# -- the product page's eight -------------------------------------------------------------
+
+
+async def check_state_writable(scene: Scene) -> Finding:
+    if scene.state_problem:
+        return fail(scene.state_problem)
+    return ok(str(scene.home.state_dir))
+
+
+async def check_audit_chain(scene: Scene) -> Finding:
+    path = scene.home.audit_path
     try:
-        version = await asyncio.to_thread(codex_version, launch)
-    except (BothyError, OSError, subprocess.TimeoutExpired) as exc:
-        return Check("fail", "codex version", str(exc))
-    return Check("ok", "codex version", version)
+        report = await asyncio.to_thread(AuditLog(path).verify)
+    except OSError as exc:
+        return fail(f"cannot read {path}: {exc.strerror or exc}")
+    if report.ok:
+        return ok(f"{report.count} records verified")
+    return fail(f"broken: {report.problem}")
 
 
-async def _sandbox(launch: Launch) -> Check:
-    """Start Codex's own sandbox once with a harmless command."""
-    marker = "bothy-sandbox-ok"
-    overrides = [arg for arg in launch.argv[1:] if arg != "app-server"]
-    argv = [launch.argv[0], "sandbox", *overrides, "--", "/bin/sh", "-c", f"echo {marker}"]
-
-    def probe() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(argv, env=launch.env, capture_output=True, text=True,
-                              timeout=30, check=False, cwd=tempfile.gettempdir())
-
+async def check_codex_present(scene: Scene) -> Finding:
+    if missing := scene.needs_config():
+        return missing
+    if scene.launch is None:
+        return fail(scene.launch_problem)
     try:
-        result = await asyncio.to_thread(probe)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return Check("fail", "sandbox", f"could not start: {exc}")
-    if result.returncode == 0 and marker in result.stdout:
-        return Check("ok", "sandbox", "codex sandbox starts and runs a command")
-    tail = (result.stderr.strip().splitlines() or ["no output"])[-1][:200]
-    return Check("fail", "sandbox", f"codex sandbox exited {result.returncode}: {tail}")
+        return ok(await asyncio.to_thread(codex_version, scene.launch))
+    except subprocess.TimeoutExpired:
+        return fail(f"{scene.launch.argv[0]} --version did not answer within 10 s")
 
 
-async def _orphans(rt: Runtime) -> Check:
-    recovered = await rt.recovery().sweep()
-    if not recovered:
-        return Check("ok", "orphaned workers", "none")
-    names = ", ".join(item.run_id for item in recovered)
-    return Check("ok", "orphaned workers",
-                 f"ended {len(recovered)} left by a previous instance ({names}); audited")
+async def check_cairn(scene: Scene) -> Finding:
+    """Owned by the Cairn ledger's author, who replaces this once the client exists."""
+    return warn("not built yet: the audit log is the whole trace of a run")
 
 
-def _workspace(cfg: Config) -> Check:
-    if cfg.workspace.is_dir():
-        return Check("ok", "workspace", str(cfg.workspace))
-    return Check("fail", "workspace", f"{cfg.workspace} does not exist or is not a directory")
-
-
-def _prices(cfg: Config) -> Check:
-    if cfg.codex.model is None:
-        return Check("warn", "prices", "codex.model is not set: a run whose model has no price"
-                     " in budget.prices is refused at gate 'budget'")
-    if PriceTable(cfg.budget.prices).lookup(cfg.codex.model) is None:
-        return Check("fail", "prices", f"no price for model '{cfg.codex.model}' in budget.prices")
-    return Check("ok", "prices", f"model '{cfg.codex.model}' has a price")
-
-
-def _alert_route(cfg: Config) -> Check:
-    routes = [f"{name} {section.alert_channel}"
-              for name, section in (("slack", cfg.chat.slack), ("discord", cfg.chat.discord))
-              if section is not None and section.alert_channel]
-    if routes:
-        return Check("ok", "alert route", ", ".join(routes))
-    return Check("warn", "alert route", "not configured: a failure nobody hears about is not"
-                 " handled (set chat.slack.alert_channel or chat.discord.alert_channel)")
-
-
-def _budget_mode() -> Check:
-    return Check("warn", "budget plan mode", "not built yet: budgets gate on USD (mode 'api') only")
-
-
-def _fts5() -> Check:
+async def check_memory_fts5(scene: Scene) -> Finding:
+    """Owned by the memory layer's author, who replaces this once memory exists."""
     try:
         db = sqlite3.connect(":memory:")
         try:
@@ -181,9 +202,128 @@ def _fts5() -> Check:
         finally:
             db.close()
     except sqlite3.OperationalError:
-        return Check("warn", "memory search", "SQLite has no FTS5: memory search will fall back"
-                     " to a plain scan (memory itself is not built yet)")
-    return Check("ok", "memory search", "SQLite FTS5 available (memory itself is not built yet)")
+        return warn("SQLite has no FTS5: search would use a case-insensitive scan"
+                    " (the memory layer is not built yet)")
+    return ok("SQLite has FTS5 (the memory layer that searches with it is not built yet)")
 
 
-CheckFn = Callable[[], Awaitable[Check]]
+async def check_orphans(scene: Scene) -> Finding:
+    """Ends and audits the worker groups a dead Bothy left (the same sweep a run makes)."""
+    from bothy.runtime import Runtime
+
+    if missing := scene.needs_config():
+        return missing
+    assert scene.cfg is not None  # needs_config said so
+    if scene.state_problem:
+        return fail(f"needs the state directory: {scene.state_problem}")
+    async with Runtime.open(scene.home, scene.cfg) as rt:
+        recovered = await rt.recovery().sweep()
+    left = f"{len(recovered)} process group(s) left by a previous instance"
+    if not recovered:
+        return ok(left)
+    return ok(f"{left} ({', '.join(item.run_id for item in recovered)}): ended and audited")
+
+
+async def check_sandbox(scene: Scene) -> Finding:
+    """Start Codex's own sandbox once with a harmless command, as a shell tool would."""
+    if missing := scene.needs_config():
+        return missing
+    if scene.launch is None:
+        return fail(f"needs codex: {scene.launch_problem}")
+    marker = "bothy-sandbox-ok"
+    launch = scene.launch
+    overrides = [arg for arg in launch.argv[1:] if arg != "app-server"]
+    argv = [launch.argv[0], "sandbox", *overrides, "--", "/bin/sh", "-c", f"echo {marker}"]
+    try:
+        result = await asyncio.to_thread(
+            subprocess.run, argv, env=launch.env, capture_output=True, text=True, timeout=30,
+            check=False, cwd=tempfile.gettempdir())
+    except subprocess.TimeoutExpired:
+        return warn("codex sandbox did not finish within 30 s — runs needing a shell will fail")
+    if result.returncode == 0 and marker in result.stdout:
+        return ok("codex sandbox runs a command")
+    said = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    reason = said[-1][:200] if said else f"codex sandbox exited {result.returncode}"
+    return warn(f"{reason} — runs needing a shell will fail")
+
+
+async def check_alert_route(scene: Scene) -> Finding:
+    if missing := scene.needs_config():
+        return missing
+    assert scene.cfg is not None
+    chat = scene.cfg.chat
+    routes = [f"{name} {section.alert_channel}"
+              for name, section in (("slack", chat.slack), ("discord", chat.discord))
+              if section is not None and section.alert_channel]
+    if routes:
+        return ok(", ".join(routes))
+    return warn("a failure nobody hears about is not handled (set chat.slack.alert_channel"
+                " or chat.discord.alert_channel)")
+
+
+SEED_CHECKS: tuple[tuple[str, CheckFn], ...] = (
+    ("state directory writable", check_state_writable),
+    ("audit chain intact", check_audit_chain),
+    ("codex present", check_codex_present),
+    ("cairn reachable", check_cairn),
+    ("memory FTS5", check_memory_fts5),
+    ("no orphaned workers", check_orphans),
+    ("sandbox can start", check_sandbox),
+    ("alert route configured", check_alert_route),
+)
+"""The product page's eight, in its order with its labels: always the first eight lines."""
+
+
+# -- further checks -------------------------------------------------------------------------
+
+
+async def check_config(scene: Scene) -> Finding:
+    if scene.cfg is None:
+        return fail(scene.config_problem)
+    return ok(f"{scene.home.config_path} (site {scene.cfg.site})")
+
+
+async def check_workspace(scene: Scene) -> Finding:
+    if missing := scene.needs_config():
+        return missing
+    assert scene.cfg is not None
+    if scene.cfg.workspace.is_dir():
+        return ok(str(scene.cfg.workspace))
+    return fail(f"{scene.cfg.workspace} does not exist or is not a directory: create it, or set"
+                f" 'workspace' in {scene.home.config_path}")
+
+
+async def check_codex_home(scene: Scene) -> Finding:
+    if scene.launch is None:
+        return fail("needs codex (see 'codex present' above)")
+    home = scene.launch.codex_home
+    if home.is_dir():
+        return ok(str(home))
+    return fail(f"{home} does not exist (codex will not start): create it and log in with"
+                f" `codex login`, or set 'codex.home' in {scene.home.config_path}")
+
+
+async def check_prices(scene: Scene) -> Finding:
+    if missing := scene.needs_config():
+        return missing
+    assert scene.cfg is not None
+    model = scene.cfg.codex.model
+    if model is None:
+        return warn("codex.model is not set: a run whose model has no price in budget.prices"
+                    " is refused at gate 'budget'")
+    if PriceTable(scene.cfg.budget.prices).lookup(model) is None:
+        return fail(f"no price for model '{model}' in budget.prices")
+    return ok(f"model '{model}' has a price")
+
+
+async def check_budget_mode(scene: Scene) -> Finding:
+    return warn("not built yet: budgets gate on USD (mode 'api') only")
+
+
+MORE_CHECKS: tuple[tuple[str, CheckFn], ...] = (
+    ("config valid", check_config),
+    ("workspace", check_workspace),
+    ("codex home", check_codex_home),
+    ("prices", check_prices),
+    ("budget plan mode", check_budget_mode),
+)

@@ -132,8 +132,8 @@ async def test_worker_that_outlives_its_bothy_is_ended_by_doctor(tmp_path: Path)
         assert live_members(group.pgid) == sorted([group.leader_pid, _child_of(log)])
 
         doctor = await shell.bothy("doctor")
-        assert (f"[ok ] orphaned workers: ended 1 left by a previous instance ({crashed_id});"
-                " audited\n") in doctor.stdout
+        assert ("[ok ] no orphaned workers: 1 process group(s) left by a previous instance"
+                f" ({crashed_id}): ended and audited\n") in doctor.stdout
         assert live_members(group.pgid) == []
         [line] = [line for line in site.audit_lines() if " recovered " in line]
         assert line.endswith(f" run recovered failed demo {crashed_id}")
@@ -273,5 +273,5 @@ async def test_tampered_register_fails_audit_verify_and_doctor(
         assert verify.stdout.startswith(f"audit chain broken: {problem}")
         doctor = await shell.bothy("doctor")
         assert doctor.code == 1
-        assert f"[fail] audit chain: broken: {problem}" in doctor.stdout
+        assert f"[fail] audit chain intact: broken: {problem}" in doctor.stdout
         assert doctor.stdout.rstrip().endswith(" 1 failed")

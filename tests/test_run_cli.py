@@ -422,14 +422,15 @@ async def test_a_missing_codex_is_a_configuration_error(tmp_path: Path) -> None:
 
 
 async def test_doctor_fails_the_codex_check_when_codex_is_missing(tmp_path: Path) -> None:
-    """`bothy doctor` with a missing codex prints a [fail] codex line and exits 1."""
+    """`bothy doctor` with a missing codex fails its `codex present` line and exits 1."""
     site = Site(tmp_path, "http://127.0.0.1:9/v1",
                 codex={"command": ["/nonexistent/codex", "app-server"]})
 
     done = await site.bothy("doctor")
 
     assert done.code == 1, done.stdout
-    failing = [line for line in done.stdout.splitlines() if line.startswith("[fail] codex")]
+    failing = [line for line in done.stdout.splitlines()
+               if line.startswith("[fail] codex present")]
     assert len(failing) == 1
     assert "/nonexistent/codex" in failing[0]
     assert re.search(r"^\d+ passed, \d+ warned, [1-9]\d* failed$", done.stdout, re.MULTILINE)
@@ -448,5 +449,5 @@ async def test_a_codex_that_is_not_executable_is_a_configuration_error(tmp_path:
     assert done.code == 78
     assert f"{str(fake)!r} is not an executable file" in done.stderr
     assert doctor.code == 1
-    assert any(line.startswith("[fail] codex") and str(fake) in line
+    assert any(line.startswith("[fail] codex present") and str(fake) in line
                for line in doctor.stdout.splitlines())

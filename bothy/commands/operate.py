@@ -53,8 +53,12 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
     from bothy.doctor import run_doctor
 
     report = await run_doctor()
-    for line in report.lines():
-        print(line)
+    if args.json:
+        import json
+
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print("\n".join(report.lines()))
     if report.config_error:
         return ExitCode.CONFIG
     return ExitCode.FAILED if report.failed else ExitCode.OK

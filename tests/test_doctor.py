@@ -1,0 +1,155 @@
+"""`bothy doctor`: the product page's eight checks first, in its order with its labels, always.
+
+Every test runs the real CLI against a throwaway site with the pinned codex binary.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.codex import codex_binary
+from tests.fakes.site import Completed, Site
+
+SEED_LABELS = [
+    "state directory writable",
+    "audit chain intact",
+    "codex present",
+    "cairn reachable",
+    "memory FTS5",
+    "no orphaned workers",
+    "sandbox can start",
+    "alert route configured",
+]
+LINE = re.compile(r"^\[(?P<status>ok |warn|fail)\] (?P<label>[^:]+): (?P<detail>.+)$")
+SUMMARY = re.compile(r"^(?P<ok>\d+) passed, (?P<warn>\d+) warned, (?P<fail>\d+) failed$")
+SHELL_WARNING = " — runs needing a shell will fail"
+
+
+def checks(done: Completed) -> dict[str, tuple[str, str]]:
+    """label -> (status, detail) of the doctor's check lines; asserts the page's shape."""
+    lines = done.stdout.splitlines()
+    parsed = [LINE.match(line) for line in lines[:-1] if not line.startswith("  ")]
+    assert all(parsed), done.stdout
+    found = [match for match in parsed if match is not None]
+    assert [match["label"] for match in found[:8]] == SEED_LABELS, done.stdout
+    summary = SUMMARY.match(lines[-1])
+    assert summary, lines[-1]
+    statuses = [match["status"].strip() for match in found]
+    assert [int(summary[s]) for s in ("ok", "warn", "fail")] == [
+        statuses.count(s) for s in ("ok", "warn", "fail")]
+    return {match["label"]: (match["status"].strip(), match["detail"]) for match in found}
+
+
+@pytest.mark.codex
+async def test_doctor_on_a_healthy_site_prints_the_pages_eight_lines(tmp_path: Path) -> None:
+    """A healthy site: the eight lines in the page's forms, the count, and exit 0."""
+    site = Site(tmp_path, "http://127.0.0.1:9/v1")
+
+    done = await site.bothy("doctor")
+
+    assert done.code == 0, done.stdout + done.stderr
+    found = checks(done)
+    assert found["state directory writable"] == ("ok", str(site.home / "state"))
+    assert found["audit chain intact"] == ("ok", "0 records verified")
+    status, version = found["codex present"]
+    assert status == "ok" and re.fullmatch(r"codex-cli \d+\.\d+\.\d+", version), version
+    assert found["cairn reachable"][0] == "warn"
+    assert "not built yet" in found["cairn reachable"][1]
+    assert "not built yet" in found["memory FTS5"][1]
+    assert found["no orphaned workers"] == (
+        "ok", "0 process group(s) left by a previous instance")
+    # Whether this machine's sandbox starts is the machine's business; a failure is a warning.
+    sandbox = found["sandbox can start"]
+    assert sandbox == ("ok", "codex sandbox runs a command") or (
+        sandbox[0] == "warn" and sandbox[1].endswith(SHELL_WARNING)), sandbox
+    assert found["alert route configured"][0] == "warn"
+    assert found["alert route configured"][1].startswith(
+        "a failure nobody hears about is not handled")
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.codex
+async def test_doctor_json_gives_the_same_checks(tmp_path: Path) -> None:
+    """`bothy doctor --json` gives each check's status, label and detail, and the counts."""
+    site = Site(tmp_path, "http://127.0.0.1:9/v1")
+
+    done = await site.bothy("doctor", "--json")
+
+    assert done.code == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [check["name"] for check in report["checks"][:8]] == SEED_LABELS
+    statuses = [check["status"] for check in report["checks"]]
+    assert (report["passed"], report["warned"], report["failed"]) == (
+        statuses.count("ok"), statuses.count("warn"), statuses.count("fail"))
+    assert report["checks"][1] == {"status": "ok", "name": "audit chain intact",
+                                   "detail": "0 records verified"}
+
+
+async def test_doctor_with_an_invalid_config_still_prints_the_eight(tmp_path: Path) -> None:
+    """An invalid config: the eight still print, those needing the config fail naming it; 78."""
+    site = Site(tmp_path, "http://127.0.0.1:9/v1")
+    site.config["budget"]["per_ran_usd"] = "0.50"
+    site.write_config(site.config)
+
+    done = await site.bothy("doctor")
+
+    assert done.code == 78, done.stdout + done.stderr
+    found = checks(done)
+    config = site.home / "config.json"
+    needs = f"needs a valid config: {config} is not (see 'config valid' below)"
+    for label in ("codex present", "no orphaned workers", "sandbox can start",
+                  "alert route configured"):
+        assert found[label] == ("fail", needs), label
+    assert found["state directory writable"][0] == "ok"
+    assert found["audit chain intact"][0] == "ok"
+    assert found["config valid"][0] == "fail"
+    assert "budget.per_ran_usd: unknown key" in done.stdout
+    assert "Traceback" not in done.stderr
+
+
+async def test_doctor_with_an_unwritable_state_directory_still_prints_the_eight(
+    tmp_path: Path,
+) -> None:
+    """The state directory cannot be made (a file is in its way): the eight print, and fail."""
+    site = Site(tmp_path, "http://127.0.0.1:9/v1")
+    state = site.home / "state"
+    state.write_text("not a directory")
+
+    done = await site.bothy("doctor")
+
+    assert done.code == 1, done.stdout + done.stderr
+    found = checks(done)
+    status, detail = found["state directory writable"]
+    assert status == "fail" and str(state) in detail, detail
+    assert found["audit chain intact"][0] == "fail"
+    assert found["no orphaned workers"][0] == "fail"
+    assert str(state) in found["no orphaned workers"][1]
+    assert found["codex present"][0] == "ok"
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.codex
+async def test_a_sandbox_that_cannot_start_is_a_warning(tmp_path: Path) -> None:
+    """Codex's sandbox failing as bwrap does in a container is `[warn]`, in the page's words."""
+    # A codex that is the real one except that its sandbox fails, as on a machine that
+    # forbids user namespaces (this one allows them, so the failure is staged).
+    wrapper = tmp_path / "codex"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = sandbox ]; then\n'
+        '  echo "bwrap: loopback: Operation not permitted" >&2; exit 1\n'
+        "fi\n"
+        f'exec {codex_binary()} "$@"\n')
+    wrapper.chmod(0o755)
+    site = Site(tmp_path, "http://127.0.0.1:9/v1",
+                codex={"command": [str(wrapper), "app-server"]})
+
+    done = await site.bothy("doctor")
+
+    assert done.code == 0, done.stdout + done.stderr
+    assert ("[warn] sandbox can start: bwrap: loopback: Operation not permitted"
+            f"{SHELL_WARNING}\n") in done.stdout
