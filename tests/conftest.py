@@ -1,12 +1,29 @@
-"""Shared test setup: nothing leaves loopback, and the pinned codex binary is found."""
+"""Shared test setup: nothing leaves loopback, and what Bothy says to codex is checked.
+
+Every test marked ``codex`` (it drives the real pinned binary) records the JSON-RPC traffic
+of every Bothy process it starts (``RECORD_CODEX_RPC``, inherited by subprocesses) and, after
+the test, each frame is validated against the JSON Schema that binary generates: a frame that
+breaks it fails the test, naming the method and the field.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import json
+import os
+import shutil
 import socket
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+from bothy.engine.rpc import RECORD_ENV
+from tests.codex_schema import CodexSchema, generate_schema
+from tests.fakes.codex import REPO_ROOT, codex_binary
 
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex
@@ -44,3 +61,47 @@ def _loopback_only() -> Any:
     yield
     socket.socket.connect = _real_connect  # type: ignore[method-assign]
     socket.socket.connect_ex = _real_connect_ex  # type: ignore[method-assign]
+
+
+@pytest.fixture(scope="session")
+def codex_schema() -> CodexSchema:
+    """The pinned binary's experimental JSON Schema, generated once per binary and cached."""
+    binary = codex_binary()
+    version = json.loads((REPO_ROOT / "package.json").read_text())["dependencies"]
+    stat = binary.stat()
+    key = f"{version['@openai/codex']}-{stat.st_size}-{stat.st_mtime_ns}"
+    cache = Path(tempfile.gettempdir()) / "bothy-codex-schema" / key
+    if not (cache / "ServerNotification.json").is_file():
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        building = Path(tempfile.mkdtemp(dir=cache.parent, prefix=".building-"))
+        generate_schema(binary, building / "schema", building / "codex-home")
+        with contextlib.suppress(OSError):  # a parallel session won the rename: use its copy
+            (building / "schema").rename(cache)
+        shutil.rmtree(building, ignore_errors=True)
+    return CodexSchema(cache)
+
+
+@pytest.fixture(autouse=True)
+def _codex_traffic_matches_schema(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """A test that drives the real codex fails if any frame breaks codex's own schema."""
+    if request.node.get_closest_marker("codex") is None:
+        yield
+        return
+    schema: CodexSchema = request.getfixturevalue("codex_schema")
+    record = tmp_path_factory.mktemp("rpc") / "traffic.jsonl"
+    before = os.environ.get(RECORD_ENV)
+    os.environ[RECORD_ENV] = str(record)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(RECORD_ENV, None)
+        else:
+            os.environ[RECORD_ENV] = before
+    if record.exists():
+        problems = schema.traffic_problems(record)
+        if problems:
+            pytest.fail("traffic breaks codex's schema:\n  " + "\n  ".join(problems[:20]),
+                        pytrace=False)

@@ -5,13 +5,20 @@ notifications and server requests go, in arrival order, to an inbox queue that t
 drains (and into which it may put its own items, such as a stop request). When the stream
 ends or carries a frame that is not JSON-RPC, every pending request fails and the inbox gets a
 :class:`ConnectionLost` saying why: nothing waits forever on a dead worker.
+
+With ``RECORD_CODEX_RPC`` set to a file path (the test harness sets it; off by default),
+every frame sent and received is appended to that file as one JSON line naming its
+direction, kind and method, so the tests can check the traffic against the JSON Schema the
+pinned codex binary generates (``tests/codex_schema.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +26,10 @@ from bothy.errors import AppServerError, RpcProtocolError
 
 # One frame may carry a whole diff or command output; StreamReader's default is 64 KiB.
 MAX_FRAME_BYTES = 16 * 1024 * 1024
+
+# Names a file to append every frame to, for the schema check of the tests; unset in service.
+RECORD_ENV = "RECORD_CODEX_RPC"
+_connection_serial = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -58,8 +69,10 @@ class RpcConnection:
         self.inbox = inbox
         self._next_id = 1
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._methods: dict[int, str] = {}  # our request ids -> method, for the recorder
         self._lost: AppServerError | None = None
         self._reader_task: asyncio.Task[None] | None = None
+        self._recorder = _Recorder.from_env()
 
     def start(self) -> None:
         self._reader_task = asyncio.create_task(self._read_loop(), name="rpc-reader")
@@ -92,6 +105,7 @@ class RpcConnection:
         self._next_id += 1
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
+        self._methods[request_id] = method
         try:
             await self._send({"id": request_id, "method": method, "params": params}, method)
             async with asyncio.timeout(timeout_s):
@@ -102,6 +116,7 @@ class RpcConnection:
             ) from None
         finally:
             self._pending.pop(request_id, None)
+            self._methods.pop(request_id, None)
         if "error" in reply:
             error = reply["error"] if isinstance(reply["error"], dict) else {}
             raise AppServerError(
@@ -123,6 +138,8 @@ class RpcConnection:
 
     async def _send(self, message: dict[str, Any], what: str) -> None:
         data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        if self._recorder is not None:
+            self._recorder.sent(message)
         try:
             self._writer.write(data)
             await self._writer.drain()
@@ -154,6 +171,10 @@ class RpcConnection:
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         method = message.get("method")
+        if self._recorder is not None:
+            answered = message.get("id")
+            self._recorder.received(message, self._methods.get(answered)
+                                    if isinstance(answered, int) else None)
         if isinstance(method, str):
             params = message.get("params") or {}
             if not isinstance(params, dict):
@@ -178,6 +199,56 @@ class RpcConnection:
             if not future.done():
                 future.set_exception(error)
         self.inbox.put_nowait(ConnectionLost(error))
+
+
+class _Recorder:
+    """Appends each frame, with its direction, kind and method, to the ``RECORD_ENV`` file.
+
+    One ``write`` per line on an ``O_APPEND`` descriptor, so the connections of several
+    processes can share the file. The method of a response is the request's: ours for what
+    we receive, Codex's for what we answer.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._connection = f"{os.getpid()}.{next(_connection_serial)}"
+        self._server_methods: dict[int | str, str] = {}
+
+    @classmethod
+    def from_env(cls) -> _Recorder | None:
+        path = os.environ.get(RECORD_ENV)
+        return cls(path) if path else None
+
+    def sent(self, message: dict[str, Any]) -> None:
+        if "method" in message:
+            kind = "request" if "id" in message else "notification"
+            self._write("sent", kind, str(message["method"]), message)
+        else:
+            method = self._server_methods.pop(message["id"], None)
+            self._write("sent", "error" if "error" in message else "response", method, message)
+
+    def received(self, message: dict[str, Any], answered: str | None) -> None:
+        method = message.get("method")
+        if isinstance(method, str):
+            if "id" in message:
+                self._server_methods[message["id"]] = method
+                self._write("received", "request", method, message)
+            else:
+                self._write("received", "notification", method, message)
+        else:
+            kind = "error" if "error" in message else "response"
+            self._write("received", kind, answered, message)
+
+    def _write(self, direction: str, kind: str, method: str | None,
+               message: dict[str, Any]) -> None:
+        line = json.dumps({"connection": self._connection, "direction": direction,
+                           "kind": kind, "method": method, "message": message},
+                          separators=(",", ":")).encode() + b"\n"
+        fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
 
 
 def _decode(line: bytes) -> dict[str, Any]:
