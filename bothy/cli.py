@@ -200,7 +200,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         "answer": commands.cmd_answer,
         "checklist": commands.cmd_checklist,
         "profile": commands.cmd_profile,
-        "serve": commands.cmd_serve,
+        "serve": commands.cmd_daemon,
         "schedule": commands.cmd_schedule,
         "sop": commands.cmd_sop,
     }[args.command]

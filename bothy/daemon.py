@@ -20,7 +20,6 @@ import enum
 import fcntl
 import json
 import os
-import signal
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from bothy.engine.state import RunRow
 from bothy.errors import BothyError, ConfigError, TemporaryFailure
 from bothy.home import BothyHome
 from bothy.runtime import Runtime
+from bothy.waits import first_of, recording_stop_signals
 from bothy.wakes.dispatcher import Dispatcher
 from bothy.wakes.inbox import Inbox, WakeRow
 from bothy.wakes.poller import Poller
@@ -95,7 +95,7 @@ class Daemon:
         recovered = await supervisor.recovery.sweep()
         requeued, interrupted = await self._recover_wakes(rt, inbox)
         dispatcher = Dispatcher(self._cfg, inbox=inbox, supervisor=supervisor, audit=rt.audit,
-                                clock=rt.clock, home=self._home)
+                                alerts=rt.alerts, clock=rt.clock, home=self._home)
         listeners = await self._listen(rt, inbox, dispatcher)
         router = await self._chat(rt, inbox, dispatcher, listeners)
         if router is not None:
@@ -103,19 +103,30 @@ class Daemon:
             await self._announce_interrupted(inbox, router, interrupted)
             if any(s is not None and s.alert_channel
                    for s in (self._cfg.chat.slack, self._cfg.chat.discord)):
-                supervisor.alerts.route_to(router.post_alert)
+                rt.alerts.route_to(router.post_alert)
         schedules = ScheduleRunner(
             ScheduleStore(rt.db, timezone=self._cfg.budget.timezone, clock=rt.clock), inbox,
             audit=rt.audit, grace_s=self._cfg.wakes.missed_fire_grace_s, clock=rt.clock,
             on_enqueued=dispatcher.poke,
         )
         missed = await schedules.start()  # queued now, taken once the dispatcher runs below
-        self._on_signals()
-        await rt.audit.record("serve", "ready", "ok", details={
-            "ports": self.ports, "orphans_ended": len(recovered), "wakes_requeued": requeued,
-            "schedules": len(schedules.next_fires()), "missed_fires_queued": missed,
-            "chat": self.chat_state,
-        })
+        with recording_stop_signals(self._stop, self._hurry):
+            await rt.audit.record("serve", "ready", "ok", details={
+                "ports": self.ports, "orphans_ended": len(recovered),
+                "wakes_requeued": requeued, "schedules": len(schedules.next_fires()),
+                "missed_fires_queued": missed, "chat": self.chat_state,
+            })
+            await self._until_stopped(rt, inbox, dispatcher, listeners, router, schedules)
+            await asyncio.to_thread(self._publish, None)
+            await rt.audit.record("serve", "stopped", "ok", details={"pid": os.getpid()})
+        self.state = State.EXITED
+        return 0
+
+    async def _until_stopped(
+        self, rt: Runtime, inbox: Inbox, dispatcher: Dispatcher,
+        listeners: list[WebhookListener], router: ChatRouter | None, schedules: ScheduleRunner,
+    ) -> None:
+        """Ready until a stop is asked; then stop in reverse start-up order."""
         self.state = State.READY
         await asyncio.to_thread(self._publish, "ready")
         polls_stop = asyncio.Event()
@@ -124,7 +135,7 @@ class Daemon:
             for name, spec in self._cfg.pollers.items():
                 one = Poller(name, spec, inbox=inbox, db=rt.db, audit=rt.audit, clock=rt.clock,
                              http=http, environ=os.environ, cwd=self._cfg.workspace,
-                             on_accepted=dispatcher.poke, alerts=supervisor.alerts)
+                             on_accepted=dispatcher.poke, alerts=rt.alerts)
                 group.create_task(_keep_polling(one, polls_stop, rt), name=f"poll-{name}")
             await self._stop.wait()
             self.state = State.DRAINING
@@ -136,11 +147,7 @@ class Daemon:
             polls_stop.set()
             dispatcher.stop_intake()
             await intake
-            await self._drain(dispatcher, supervisor.stopping)
-        await asyncio.to_thread(self._publish, None)
-        await rt.audit.record("serve", "stopped", "ok", details={"pid": os.getpid()})
-        self.state = State.EXITED
-        return 0
+            await self._drain(dispatcher)
 
     async def _listen(
         self, rt: Runtime, inbox: Inbox, dispatcher: Dispatcher
@@ -205,14 +212,25 @@ class Daemon:
             raise
         return router
 
-    async def _drain(self, dispatcher: Dispatcher, stopping: asyncio.Event) -> None:
-        grace_s = self._cfg.wakes.shutdown_grace_s
-        if not self._hurry.is_set() and await _first(dispatcher.drain(grace_s), self._hurry):
+    async def _drain(self, dispatcher: Dispatcher) -> None:
+        if await self._drained(dispatcher, self._cfg.wakes.shutdown_grace_s):
             return
-        stopping.set()  # runs interrupt their turns, settle and reap their groups
-        if not self._hurry.is_set():
-            await _first(dispatcher.drain(_STOP_WAIT_S), self._hurry)
+        dispatcher.stop_runs()  # runs interrupt their turns, settle and reap their groups
+        await self._drained(dispatcher, _STOP_WAIT_S)
         await dispatcher.cancel_all()
+
+    async def _drained(self, dispatcher: Dispatcher, within_s: float) -> bool:
+        """Whether the in-flight wakes finish within ``within_s``; a second signal stops the
+        wait at once (False)."""
+        if self._hurry.is_set():
+            return False
+        drain = asyncio.ensure_future(dispatcher.drain(within_s))
+        if await first_of(drain, self._hurry.wait()) == 0:
+            return drain.result()
+        drain.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await drain
+        return False
 
     async def _recover_wakes(
         self, rt: Runtime, inbox: Inbox
@@ -260,32 +278,6 @@ class Daemon:
         """Ask a running :meth:`serve` to stop, as the first SIGINT or SIGTERM does (for a
         caller running the daemon in its own loop); ``serve`` then drains and returns."""
         self._stop.set()
-
-    def _on_signals(self) -> None:
-        loop = asyncio.get_running_loop()
-
-        def on_signal() -> None:
-            if self._stop.is_set():
-                self._hurry.set()
-            self.stop()
-
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, on_signal)
-
-
-async def _first(work: object, hurry: asyncio.Event) -> bool:
-    """Await ``work`` (a coroutine returning bool) unless ``hurry`` is set first."""
-    assert asyncio.iscoroutine(work)
-    task = asyncio.ensure_future(work)
-    hurried = asyncio.ensure_future(hurry.wait())
-    done, _ = await asyncio.wait({task, hurried}, return_when=asyncio.FIRST_COMPLETED)
-    hurried.cancel()
-    if task in done:
-        return bool(task.result())
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    return False
 
 
 @contextlib.asynccontextmanager

@@ -1,7 +1,8 @@
 """The exit codes of every ``bothy`` command, documented in docs/RUNBOOK.md.
 
 75 and 78 are the sysexits codes service managers understand (contracts.md §4): 75 means
-"temporary failure, restart me", 78 "configuration error, do not restart".
+"temporary failure, restart me", 78 "configuration error, do not restart". Which code a run's
+outcome exits with is said by :class:`bothy.engine.run.Outcome`.
 """
 
 from __future__ import annotations
@@ -19,15 +20,3 @@ class ExitCode(enum.IntEnum):
     TEMPFAIL = 75  # EX_TEMPFAIL: a dependency is temporarily unavailable; restart me
     CONFIG = 78  # EX_CONFIG: configuration error; do not restart
 
-
-OUTCOME_EXIT = {
-    "completed": ExitCode.OK,
-    "verified": ExitCode.OK,
-    "unverified": ExitCode.FAILED,
-    "failed": ExitCode.FAILED,
-    "refused": ExitCode.REFUSED,
-    "timed_out": ExitCode.LIMIT,
-    "token_limit": ExitCode.LIMIT,
-    "budget_limit": ExitCode.LIMIT,
-    "cancelled": ExitCode.CANCELLED,
-}

@@ -3,6 +3,10 @@
 On a terminal: the agent's text as it streams, then a live status line (elapsed time, tokens,
 cost) redrawn in place. Elsewhere (a pipe, a log file): plain lines, one per step, so that a
 log stays readable and greppable.
+
+Each display is a :class:`~bothy.engine.run.Progress` (what the run shows) and also shows the
+run's questions as an :class:`~bothy.engine.toolbox.Asker` does; reading the answer typed at
+the terminal is ``commands/foreground.py``'s.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ class PlainProgress:
 
     def question(self, run_id: str, text: str) -> None:
         self._line(f"question: {text}  (answer: bothy answer {run_id} yes|no|TEXT)")
+
+    def finish(self) -> None:
+        """Plain lines leave nothing to clear."""
 
 
 class TerminalProgress:

@@ -1,4 +1,5 @@
-"""The parts a command needs, opened in order and closed in reverse: home, state, audit."""
+"""The parts a command needs, opened in order and closed in reverse: home, state, audit;
+and the site's alerts, which every part that must be heard raises through."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 
 from bothy.clock import Clock, utc_now
 from bothy.config import Config
+from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog
 from bothy.engine.launch import Launch, build_launch
 from bothy.engine.recovery import Recovery
@@ -18,13 +20,14 @@ from bothy.home import BothyHome
 
 @dataclass
 class Runtime:
-    """An open Bothy site: its config, state database and audit log."""
+    """An open Bothy site: its config, state database, audit log and alerts."""
 
     home: BothyHome
     cfg: Config
     db: StateDB
     audit: AuditLog
     clock: Clock
+    alerts: Alerts  # one per site: repeats are folded, and the daemon routes them to chat
 
     @classmethod
     @asynccontextmanager
@@ -33,14 +36,16 @@ class Runtime:
     ) -> AsyncIterator[Runtime]:
         home.ensure()
         async with StateDB.open(home.db_path) as db:
-            yield cls(home, cfg, db, AuditLog(home.audit_path, clock=clock), clock)
+            audit = AuditLog(home.audit_path, clock=clock)
+            yield cls(home, cfg, db, audit, clock, Alerts(audit, site=cfg.site, clock=clock))
 
     def launch(self) -> Launch:
         return build_launch(self.cfg.codex)
 
     def supervisor(self, launch: Launch | None = None) -> Supervisor:
         return Supervisor(
-            self.cfg, db=self.db, audit=self.audit, launch=launch or self.launch(),
+            self.cfg, db=self.db, audit=self.audit, alerts=self.alerts,
+            launch=launch or self.launch(),
             clock=self.clock, checklist_path=self.home.checklist_path,
         )
 

@@ -30,7 +30,7 @@ async def test_a_wake_that_cannot_be_handled_is_abandoned_audited_and_raised(
     async with Runtime.open(home, cfg) as rt:
         inbox = Inbox(home.inbox_dir, rt.db, clock=rt.clock)
         dispatcher = Dispatcher(cfg, inbox=inbox, supervisor=rt.supervisor(), audit=rt.audit,
-                                clock=rt.clock, home=home)
+                                alerts=rt.alerts, clock=rt.clock, home=home)
         dispatcher.attach_chat(ChatRouter(
             ChatConfig(), {}, inbox=inbox, board=QuestionBoard(rt.db, clock=rt.clock),
             db=rt.db, audit=rt.audit, clock=rt.clock, on_accepted=dispatcher.poke,

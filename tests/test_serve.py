@@ -385,6 +385,25 @@ async def test_a_wake_refused_at_the_budget_gate_is_retried_then_abandoned_out_l
     assert len(server.requests) == 1  # only the run that spent the money reached the model
 
 
+@pytest.mark.codex
+async def test_a_webhook_job_asking_more_than_per_run_usd_reserves_per_run_usd(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """A job's `max_usd` above `budget.per_run_usd` is capped, not refused: its run reserves
+    `per_run_usd` (0.50) rather than the 5.00 the job asks for, and completes."""
+    site = serve_site(tmp_path, server, job={"max_usd": "5.00"})
+    server.script(text("Reviewed within the per-run limit."))
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        await queued(serving, github.pull_request_opened(42))
+        [finished] = await until_count(site, "run", "finished", "completed", 1)
+        code = await serving.stop()
+
+    [admitted] = records(site, "run", "admitted")
+    assert (admitted.run_id, admitted.details["reserved_usd"]) == (finished.run_id, "0.500000")
+    assert code == 0
+
+
 async def test_an_author_association_not_allowed_is_answered_200_and_ignored(
     server: ModelServer, tmp_path: Path
 ) -> None:

@@ -7,9 +7,9 @@ from bothy.commands.foreground import cmd_answer, cmd_cancel, cmd_run
 from bothy.commands.operate import (
     cmd_audit,
     cmd_checklist,
+    cmd_daemon,
     cmd_doctor,
     cmd_profile,
-    cmd_serve,
 )
 from bothy.commands.schedules import cmd_schedule, cmd_sop
 
@@ -18,10 +18,10 @@ __all__ = [
     "cmd_audit",
     "cmd_cancel",
     "cmd_checklist",
+    "cmd_daemon",
     "cmd_doctor",
     "cmd_profile",
     "cmd_run",
     "cmd_schedule",
-    "cmd_serve",
     "cmd_sop",
 ]

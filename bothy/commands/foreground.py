@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import sys
 from collections.abc import Awaitable, Callable
 from decimal import Decimal, InvalidOperation
@@ -14,11 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from bothy.commands._shared import load
 from bothy.errors import ConfigError, UsageError
-from bothy.exitcodes import OUTCOME_EXIT, ExitCode
+from bothy.exitcodes import ExitCode
 
 if TYPE_CHECKING:
     from bothy.config import Config
+    from bothy.engine.questions import QuestionBoard
     from bothy.engine.run import RunRequest, RunResult
+    from bothy.engine.toolbox import Asker
     from bothy.home import BothyHome
     from bothy.runtime import Runtime
 
@@ -58,19 +59,19 @@ def check_workspace(home: BothyHome, cfg: Config) -> None:
 async def run_in_foreground(rt: Runtime, request: RunRequest) -> RunResult:
     """Run ``request`` here, showing progress on stderr; a first signal stops it gracefully."""
     from bothy.engine.questions import QuestionBoard
+    from bothy.progress import PlainProgress, TerminalProgress
 
     supervisor = rt.supervisor()
     await supervisor.recovery.sweep()
-    progress = _progress()
+    progress = TerminalProgress() if sys.stderr.isatty() else PlainProgress()
     answers = _TerminalAnswers(progress, QuestionBoard(rt.db, clock=rt.clock))
     try:
         result: RunResult = await _until_signal(
-            lambda: supervisor.execute(request, answers), supervisor.stopping
+            lambda: supervisor.execute(request, progress, asker=answers), supervisor.stopping
         )
     finally:
         answers.close()
-    if hasattr(progress, "finish"):
-        progress.finish()
+    progress.finish()
     return result
 
 
@@ -78,29 +79,25 @@ def report_result(result: RunResult) -> int:
     """Print a run's one line (outcome, id, cost, answer or reason); return its exit code."""
     from bothy.money import format_usd
 
-    answered = result.outcome in ("completed", "verified")
-    shown = result.answer if answered else (result.reason or "")
+    shown = result.answer if result.outcome.answers else (result.reason or "")
     cost = format_usd(result.cost_micros, 4)
     print(f"{result.outcome} {result.run_id} {cost} usd {shown}".rstrip())
-    return OUTCOME_EXIT.get(result.outcome, ExitCode.FAILED)
+    return result.outcome.exit_code
 
 
 class _TerminalAnswers:
-    """Passes progress through; when a question is shown and stdin is a terminal, the next
-    line typed answers it (as ``bothy answer`` would from another shell)."""
+    """Shows a question through the run's display; when stdin is a terminal, the next line
+    typed answers it (as ``bothy answer`` would from another shell)."""
 
-    def __init__(self, inner: Any, board: Any) -> None:
-        self._inner = inner
+    def __init__(self, shown: Asker, board: QuestionBoard) -> None:
+        self._shown = shown
         self._board = board
         self._run_id: str | None = None
         self._reading = False
         self._pending: set[asyncio.Task[Any]] = set()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
     def question(self, run_id: str, text: str) -> None:
-        self._inner.question(run_id, text)
+        self._shown.question(run_id, text)
         self._run_id = run_id
         if sys.stdin.isatty() and not self._reading:
             asyncio.get_running_loop().add_reader(sys.stdin.fileno(), self._line)
@@ -123,27 +120,14 @@ class _TerminalAnswers:
 async def _until_signal(work: Callable[[], Awaitable[Any]], stopping: asyncio.Event) -> Any:
     """Run ``work``. A first SIGINT/SIGTERM only records the wish (``stopping``): the run
     stops itself, settles and reaps its group. A second one skips the waits."""
-    loop = asyncio.get_running_loop()
+    from bothy.waits import first_of, recording_stop_signals
+
     task = asyncio.ensure_future(work())
-
-    def on_signal() -> None:
-        if stopping.is_set():
+    hurry = asyncio.Event()
+    with recording_stop_signals(stopping, hurry):
+        if await first_of(task, hurry.wait()) == 1:
             task.cancel("a second stop signal")
-        stopping.set()
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, on_signal)
-    try:
         return await task
-    finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
-
-
-def _progress() -> Any:
-    from bothy.progress import PlainProgress, TerminalProgress
-
-    return TerminalProgress() if sys.stderr.isatty() else PlainProgress()
 
 
 def check_profile(name: str | None, cfg: Config) -> str | None:

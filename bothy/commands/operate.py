@@ -91,7 +91,8 @@ async def cmd_profile(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-async def cmd_serve(args: argparse.Namespace) -> int:
+async def cmd_daemon(args: argparse.Namespace) -> int:
+    """`bothy serve`: run the daemon in this process until a stop signal."""
     from bothy.daemon import Daemon
 
     home, cfg = load()

@@ -18,7 +18,7 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 from bothy.clock import Clock, to_us
-from bothy.config import BudgetConfig
+from bothy.config import BudgetConfig, Price
 from bothy.engine.prices import PriceTable
 from bothy.engine.state import StateDB
 from bothy.money import format_usd, usd_to_micros
@@ -94,10 +94,11 @@ class BudgetGate:
         """The budget day a moment falls in (``budget.timezone``, UTC by default)."""
         return moment.astimezone(self._zone).date().isoformat()
 
-    def price_refusal(self, model: str) -> Refused | None:
-        """Fail closed on a model without a price."""
-        if self._prices.lookup(model) is not None:
-            return None
+    def price(self, model: str) -> Price | Refused:
+        """The model's price, or a refusal: a model without a price fails closed."""
+        price = self._prices.lookup(model)
+        if price is not None:
+            return price
         return Refused(
             gate="budget",
             message=(
@@ -109,8 +110,8 @@ class BudgetGate:
 
     async def admit(self, ticket: Ticket) -> Admitted | Refused:
         """Reserve the ticket's worst case, or refuse with every figure."""
-        if ticket.model is not None and (refusal := self.price_refusal(ticket.model)):
-            return refusal
+        if ticket.model is not None and isinstance(price := self.price(ticket.model), Refused):
+            return price
         now = self._clock()
         now_us = to_us(now)
         async with self._db.transaction():

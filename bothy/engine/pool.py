@@ -104,14 +104,19 @@ class WorkerPool:
             await asyncio.sleep(interval_s)
             interval_s = min(interval_s * 2, _POLL_MAX_S)
 
-    async def attach_worker(self, run_id: str, record: GroupRecord, model: str | None) -> None:
-        """Persist the worker's group so a later Bothy can end it if this one dies."""
+    async def attach_worker(self, run_id: str, record: GroupRecord) -> None:
+        """Persist the worker's group, as soon as it is spawned, so that a later Bothy can end
+        it if this one dies."""
         async with self._db.transaction():
             await self._db.execute(
-                "UPDATE runs SET pgid = ?, leader_pid = ?, leader_start = ?,"
-                " model = COALESCE(?, model) WHERE run_id = ?",
-                (record.pgid, record.leader_pid, record.leader_start, model, run_id),
+                "UPDATE runs SET pgid = ?, leader_pid = ?, leader_start = ? WHERE run_id = ?",
+                (record.pgid, record.leader_pid, record.leader_start, run_id),
             )
+
+    async def note_model(self, run_id: str, model: str) -> None:
+        """The model the run's thread actually got (the configured one may be unset)."""
+        async with self._db.transaction():
+            await self._db.execute("UPDATE runs SET model = ? WHERE run_id = ?", (model, run_id))
 
     async def attach_group(self, run_id: str, role: str, record: GroupRecord) -> None:
         """Persist another process group of the run (an MCP server) for orphan recovery."""

@@ -1,10 +1,10 @@
 """JSON-RPC over the app-server's stdio: newline-delimited JSON, no ``"jsonrpc"`` field.
 
 The connection owns one reader task. Responses resolve the futures of our requests; server
-notifications and server requests go, in arrival order, to an inbox queue that the supervisor
+notifications and server requests go, in arrival order, to an events queue that the supervisor
 drains (and into which it may put its own items, such as a stop request). When the stream
-ends or carries a frame that is not JSON-RPC, every pending request fails and the inbox gets a
-:class:`ConnectionLost` saying why: nothing waits forever on a dead worker.
+ends or carries a frame that is not JSON-RPC, every pending request fails and the events queue
+gets a :class:`ConnectionLost` saying why: nothing waits forever on a dead worker.
 
 With ``RECORD_CODEX_RPC`` set to a file path (the test harness sets it; off by default),
 every frame sent and received is appended to that file as one JSON line naming its
@@ -62,11 +62,11 @@ class RpcConnection:
         self,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        inbox: asyncio.Queue[Any],
+        events: asyncio.Queue[Any],
     ) -> None:
         self._reader = reader
         self._writer = writer
-        self.inbox = inbox
+        self.events = events
         self._next_id = 1
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._methods: dict[int, str] = {}  # our request ids -> method, for the recorder
@@ -180,9 +180,9 @@ class RpcConnection:
             if not isinstance(params, dict):
                 raise RpcProtocolError(f"'{method}' carries params that are not an object")
             if "id" in message:
-                self.inbox.put_nowait(ServerRequest(message["id"], method, params))
+                self.events.put_nowait(ServerRequest(message["id"], method, params))
             else:
-                self.inbox.put_nowait(Notification(method, params))
+                self.events.put_nowait(Notification(method, params))
             return
         request_id = message.get("id")
         future = self._pending.get(request_id) if isinstance(request_id, int) else None
@@ -198,7 +198,7 @@ class RpcConnection:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(error)
-        self.inbox.put_nowait(ConnectionLost(error))
+        self.events.put_nowait(ConnectionLost(error))
 
 
 class _Recorder:

@@ -47,7 +47,7 @@ class Responder(Protocol):
 
 
 class Asker(Protocol):
-    """Shows a question to whoever can answer it (a terminal, later a chat thread)."""
+    """Shows a question to whoever can answer it (a terminal, a chat thread)."""
 
     def question(self, run_id: str, text: str) -> None: ...
 

@@ -2,7 +2,7 @@
 
 The worker knows the protocol's request/response calls (initialize, thread/start, turn/start,
 turn/interrupt) and nothing about budgets or policy; what the app-server says on its own
-(notifications, approval requests) lands in the inbox the supervisor drains.
+(notifications, approval requests) lands in the events queue the supervisor drains.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ _EXIT_POLL_S = 0.25
 # After the leader exits, how long its output may stay open (still draining) before the
 # connection is declared lost; normally the output ends at once and the reader says so.
 _EXIT_DRAIN_S = 1.0
+_CONTROL_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,10 @@ class ThreadInfo:
 class Worker:
     """A supervised codex app-server. ``start`` → ``initialize`` → threads and turns → ``stop``."""
 
-    def __init__(self, launch: Launch, *, cwd: Path, inbox: asyncio.Queue[Any]) -> None:
+    def __init__(self, launch: Launch, *, cwd: Path, events: asyncio.Queue[Any]) -> None:
         self._launch = launch
         self._cwd = cwd
-        self.inbox = inbox
+        self.events = events  # what the app-server says on its own, in arrival order
         self._group: ProcessGroup | None = None
         self._rpc: RpcConnection | None = None
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
@@ -71,7 +73,7 @@ class Worker:
         process = self._group.process
         assert process.stdout is not None and process.stdin is not None
         assert process.stderr is not None
-        self._rpc = RpcConnection(process.stdout, process.stdin, self.inbox)
+        self._rpc = RpcConnection(process.stdout, process.stdin, self.events)
         self._rpc.start()
         self._stderr_task = asyncio.create_task(self._drain_stderr(process.stderr))
         self._exit_task = asyncio.create_task(self._watch_exit(process, self._rpc))
@@ -173,6 +175,20 @@ class Worker:
 
     def stderr_tail(self) -> str:
         return "\n".join(self._stderr_tail)
+
+    def failure(self, reason: str) -> str:
+        """``reason``, with the app-server's exit code and last line of stderr when known."""
+        tail = self.stderr_tail().strip()
+        code = self.exit_code()
+        parts = [reason]
+        if code is not None:
+            parts.append(f"exit code {code}")
+        if tail:
+            # Codex colours its log even into a pipe: the reason is shown and audited as plain
+            # text.
+            last = _CONTROL_SEQUENCE.sub("", tail.splitlines()[-1])
+            parts.append(f"stderr: {last[:300]}")
+        return "; ".join(parts)
 
     async def stop(self, *, grace_s: float) -> StopReport | None:
         """Close stdin, then stop the whole group (TERM, bounded wait, KILL)."""

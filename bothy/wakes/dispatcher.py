@@ -16,7 +16,8 @@ the daemon can tell a wake whose run never started (run it) from one whose run w
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Mapping
+from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from bothy.chat import router as chat_router
@@ -24,13 +25,15 @@ from bothy.chat.base import ChatMessage
 from bothy.chat.router import ChatRouter
 from bothy.clock import Clock, from_us, to_us
 from bothy.config import Config, WebhookRoute
+from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog
 from bothy.engine.framing import new_token
-from bothy.engine.run import RunRequest, SilentProgress, new_run_id
+from bothy.engine.run import Outcome, RunRequest, new_run_id
 from bothy.engine.supervisor import Supervisor
 from bothy.errors import ChatError
 from bothy.home import BothyHome
 from bothy.money import usd_to_micros
+from bothy.waits import first_of
 from bothy.wakes import poller, schedules
 from bothy.wakes.inbox import Delivery, Inbox, WakeRow
 from bothy.wakes.jobs import Ignored, decode_payload, match, render_prompt, render_subject
@@ -48,10 +51,12 @@ class Dispatcher:
         inbox: Inbox,
         supervisor: Supervisor,
         audit: AuditLog,
+        alerts: Alerts,
         clock: Clock,
         home: BothyHome,
     ) -> None:
         self._cfg = cfg
+        self._alerts = alerts
         self._home = home
         self._routes: Mapping[str, WebhookRoute] = cfg.webhooks
         self._inbox = inbox
@@ -82,14 +87,14 @@ class Dispatcher:
                 if not self._intake:
                     break
                 if await self._inbox.claim(wake.id):
-                    admitted = _Admission()
+                    admitted = asyncio.Event()
                     task = asyncio.create_task(self._guarded(wake, admitted),
                                                name=f"wake-{wake.id}")
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
                     # One admission at a time, in arrival order: two deliveries for one lane
                     # must queue in the order they came, not in the order their files load.
-                    await _first_done(admitted.event.wait(), task)
+                    await first_of(admitted.wait(), task)
             self._poke.clear()
             try:
                 async with asyncio.timeout(_IDLE_POLL_S):
@@ -100,6 +105,10 @@ class Dispatcher:
     def stop_intake(self) -> None:
         self._intake = False
         self._poke.set()
+
+    def stop_runs(self) -> None:
+        """Ask the in-flight runs to stop: they interrupt their turns, settle, reap groups."""
+        self._supervisor.stopping.set()
 
     async def drain(self, grace_s: float) -> bool:
         """Wait for in-flight wakes to finish; True if they all did within ``grace_s``."""
@@ -114,7 +123,7 @@ class Dispatcher:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _guarded(self, wake: WakeRow, admitted: _Admission) -> None:
+    async def _guarded(self, wake: WakeRow, admitted: asyncio.Event) -> None:
         """Handle a wake; one that breaks (a corrupt payload, a bug) is closed out loud
         instead of vanishing with its task: recorded, abandoned, and raised as an alert."""
         try:
@@ -127,11 +136,11 @@ class Dispatcher:
                                      details={"delivery": wake.key, "reason": reason})
             await self._inbox.finish(wake.id, "abandoned", run_id=None,
                                      note=f"handling it failed: {reason}")
-            await self._supervisor.alerts.raise_alert(
+            await self._alerts.raise_alert(
                 f"wake {wake.key}", f"handling it failed: {reason}", subject=_subject(wake)
             )
 
-    async def _handle(self, wake: WakeRow, admitted: _Admission) -> None:
+    async def _handle(self, wake: WakeRow, admitted: asyncio.Event) -> None:
         delivery = await self._inbox.load(wake)
         run_id = new_run_id(self._clock)  # a fresh id per attempt: a refused id is spent
         details = {"route": wake.route, "event": wake.event, "action": wake.action,
@@ -150,8 +159,8 @@ class Dispatcher:
             await self._ignore(wake, run_id, details, request)
             return
         await self._inbox.set_run(wake.id, run_id)
-        result = await self._supervisor.execute(request, admitted)
-        if result.outcome == "refused":
+        result = await self._supervisor.execute(request, admitted=admitted)
+        if result.outcome is Outcome.REFUSED:
             await self._refused(wake, result.reason or "refused", details)
             return
         await self._inbox.finish(wake.id, "done", run_id=run_id, note=result.outcome)
@@ -168,18 +177,12 @@ class Dispatcher:
         if isinstance(matched, Ignored):
             return matched.reason
         job = matched.job
-        return RunRequest(
-            prompt=matched.prompt,
-            subject=matched.subject,
-            source="webhook",
-            max_usd_micros=usd_to_micros(job.max_usd or self._cfg.budget.per_run_usd),
-            wall_clock_s=self._cfg.limits.wall_clock_s,
-            max_tokens=self._cfg.limits.max_tokens,
+        return RunRequest.for_wake(
+            self._cfg, prompt=matched.prompt, subject=matched.subject, source="webhook",
+            run_id=run_id, details=details, asked_usd_micros=_micros(job.max_usd),
             profile=job.profile,
             trusted=False,  # a signature authenticates the sender, not the content
             can_hold=False,  # nobody is in a thread to answer: questions decline at once
-            run_id=run_id,
-            wake_details=details,
         )
 
     async def _chat_wake(
@@ -188,7 +191,7 @@ class Dispatcher:
         delivery: Delivery,
         run_id: str,
         details: dict[str, Any],
-        admitted: _Admission,
+        admitted: asyncio.Event,
     ) -> None:
         """A mention: seen, answered in its thread, one run at a time per thread."""
         router = self._chat
@@ -215,20 +218,24 @@ class Dispatcher:
             # No kept thread to resume: at least tell the run what it said last.
             prompt = (f"Earlier in this conversation you answered:\n{continued_from}\n\n"
                       f"The person now says:\n{message.text}")
-        request = RunRequest(
-            prompt=prompt, subject=f"{message.platform}:{thread}", source="chat",
-            max_usd_micros=usd_to_micros(self._cfg.budget.per_run_usd),
-            wall_clock_s=self._cfg.limits.wall_clock_s, max_tokens=self._cfg.limits.max_tokens,
+        request = RunRequest.for_wake(
+            self._cfg, prompt=prompt, subject=f"{message.platform}:{thread}", source="chat",
+            run_id=run_id, details={**details, "user": message.user},
             profile=router.profile_for(message.platform),
             trusted=True,  # an allowed account wrote it
             can_hold=True,  # someone is in the thread to answer
             keep_thread=True, resume_thread=resume,  # the thread is one Codex conversation
-            run_id=run_id, wake_details={**details, "user": message.user},
         )
         await self._inbox.set_run(wake.id, run_id)
         await router.remember(message, thread, run_id)
-        shown = _ChatProgress(router, message, thread, admitted)
-        result = await self._supervisor.execute(request, shown)
+        questions = _ChatQuestions(router, message, thread)
+        try:
+            result = await self._supervisor.execute(request, asker=questions,
+                                                    admitted=admitted)
+        except BaseException:
+            questions.cancel()
+            raise
+        await questions.posted()
         await router.deliver(message, thread, result)
         await self._inbox.finish(wake.id, "done", run_id=run_id, note=result.outcome)
 
@@ -243,19 +250,15 @@ class Dispatcher:
         raw = None if payload is not None else delivery.body.decode(errors="replace")
         job = spec.job
         token = new_token()
-        return RunRequest(
+        return RunRequest.for_wake(
+            self._cfg,
             prompt=render_prompt(job, payload or {}, wake.route, "poll", token, raw=raw,
                                  what="poller"),
-            subject=render_subject(job.subject, payload or {}, wake.route),
-            source="poll",
-            max_usd_micros=usd_to_micros(job.max_usd or self._cfg.budget.per_run_usd),
-            wall_clock_s=self._cfg.limits.wall_clock_s,
-            max_tokens=self._cfg.limits.max_tokens,
+            subject=render_subject(job.subject, payload or {}, wake.route), source="poll",
+            run_id=run_id, details=details, asked_usd_micros=_micros(job.max_usd),
             profile=job.profile,
             trusted=False,  # whoever wrote what the poll fetched is unknown (rule 6)
             can_hold=False,
-            run_id=run_id,
-            wake_details=details,
         )
 
     async def _scheduled(
@@ -285,8 +288,7 @@ class Dispatcher:
             await self._inbox.finish(wake.id, "abandoned", run_id=None, note=note)
             await self._audit.record("wake", "abandoned", "failed", subject=_subject(wake),
                                      details={**details, "reason": note})
-            await self._supervisor.alerts.raise_alert(f"wake {wake.key}", note,
-                                                      subject=_subject(wake))
+            await self._alerts.raise_alert(f"wake {wake.key}", note, subject=_subject(wake))
             return
         delay_s = min(wakes.retry_first_s * 2 ** (attempts - 1), wakes.retry_max_s)
         next_try_us = to_us(self._clock()) + int(delay_s * 1_000_000)
@@ -296,46 +298,35 @@ class Dispatcher:
                                  details={**details, "reason": reason, "retry_in_s": delay_s})
 
 
-class _ChatProgress(SilentProgress):
-    """A chat run's progress: admission for the dispatcher, questions into the thread."""
+class _ChatQuestions:
+    """A chat run's asker: each question is posted in the thread. The posts are its own: the
+    run's answer waits for them (a question never lands after the answer), a cancel ends them."""
 
-    def __init__(self, router: ChatRouter, message: ChatMessage, thread: str,
-                 admission: _Admission) -> None:
+    def __init__(self, router: ChatRouter, message: ChatMessage, thread: str) -> None:
         self._router = router
         self._message = message
         self._thread = thread
-        self._admission = admission
         self._posts: set[asyncio.Task[None]] = set()
-
-    def admitted(self, run_id: str) -> None:
-        self._admission.admitted(run_id)
 
     def question(self, run_id: str, text: str) -> None:
         text = f"? {text}\nReply in this thread (yes or no for an approval)."
-        task = asyncio.ensure_future(self._router.post(
+        task = asyncio.create_task(self._router.post(
             self._message.platform, self._message.channel, self._thread, text, run_id=run_id
         ))
         self._posts.add(task)
         task.add_done_callback(self._posts.discard)
 
+    async def posted(self) -> None:
+        """Wait for the posts still under way (a failed post is audited by the router)."""
+        await asyncio.gather(*self._posts, return_exceptions=True)
 
-class _Admission(SilentProgress):
-    """Hears when the supervisor has admitted (or refused) a wake's run."""
-
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
-
-    def admitted(self, run_id: str) -> None:
-        self.event.set()
+    def cancel(self) -> None:
+        for task in self._posts:
+            task.cancel()
 
 
-async def _first_done(waiting: Coroutine[Any, Any, Any], task: asyncio.Task[None]) -> None:
-    """Return when ``waiting`` completes or ``task`` ends, whichever is first."""
-    waiter = asyncio.ensure_future(waiting)
-    try:
-        await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
+def _micros(usd: Decimal | None) -> int | None:
+    return usd_to_micros(usd) if usd is not None else None
 
 
 def _subject(wake: WakeRow) -> str:

@@ -51,7 +51,6 @@ from bothy.engine.state import StateDB
 from bothy.engine.verification import Verification
 from bothy.errors import InboxError, UsageError
 from bothy.home import BothyHome
-from bothy.money import usd_to_micros
 from bothy.sops import SopLibrary
 from bothy.wakes.inbox import Accepted, Delivery, Inbox
 
@@ -434,20 +433,14 @@ async def schedule_request(
     prompt = await _prompt(schedule, home)
     if isinstance(prompt, Unrunnable):
         return prompt
-    per_run = usd_to_micros(cfg.budget.per_run_usd)
-    return RunRequest(
-        prompt=prompt,
-        subject=schedule.subject,
-        source=SOURCE,
-        # A per_run_usd lowered since the schedule was added tightens it too.
-        max_usd_micros=min(schedule.max_usd_micros or per_run, per_run),
-        wall_clock_s=cfg.limits.wall_clock_s,
-        max_tokens=cfg.limits.max_tokens,
+    return RunRequest.for_wake(
+        cfg, prompt=prompt, subject=schedule.subject, source=SOURCE, run_id=run_id,
+        details={"schedule": schedule.name, "kind": schedule.kind, **details},
+        # Capped there: a per_run_usd lowered since the schedule was added tightens it too.
+        asked_usd_micros=schedule.max_usd_micros,
         profile=schedule.profile,
         trusted=True,  # the operator wrote it
         can_hold=False,  # nobody is in a thread to answer: questions decline at once
-        run_id=run_id,
-        wake_details={"schedule": schedule.name, "kind": schedule.kind, **details},
         verify=schedule.verification(),
     )
 
