@@ -21,6 +21,7 @@ import fcntl
 import json
 import os
 from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +29,19 @@ import httpx
 
 from bothy.atomicfile import write_atomically
 from bothy.chat.base import ChatAdapter
-from bothy.chat.router import SOURCE as CHAT_SOURCE
-from bothy.chat.router import ChatRouter, message_of
+from bothy.chat.conversation import SOURCE as CHAT_SOURCE
+from bothy.chat.conversation import Conversations
+from bothy.chat.router import ChatRouter
 from bothy.config import Config
 from bothy.engine.procgroup import process_start_time
 from bothy.engine.questions import QuestionBoard
-from bothy.engine.state import RunRow
 from bothy.errors import BothyError, ConfigError, TemporaryFailure
 from bothy.home import BothyHome
 from bothy.runtime import Runtime
 from bothy.waits import first_of, recording_stop_signals
 from bothy.wakes.dispatcher import Dispatcher
-from bothy.wakes.inbox import Inbox, WakeRow
+from bothy.wakes.handlers import unattended
+from bothy.wakes.inbox import Inbox
 from bothy.wakes.poller import Poller
 from bothy.wakes.schedules import ScheduleRunner, ScheduleStore
 from bothy.wakes.webhook import WebhookListener
@@ -93,17 +95,13 @@ class Daemon:
         await rt.audit.record("serve", "starting", "ok",
                               details={"pid": os.getpid(), "site": self._cfg.site})
         recovered = await supervisor.recovery.sweep()
-        requeued, interrupted = await self._recover_wakes(rt, inbox)
-        dispatcher = Dispatcher(self._cfg, inbox=inbox, supervisor=supervisor, audit=rt.audit,
-                                alerts=rt.alerts, clock=rt.clock, home=self._home)
+        dispatcher = Dispatcher(self._cfg.wakes, unattended(self._cfg, self._home), inbox=inbox,
+                                supervisor=supervisor, db=rt.db, audit=rt.audit,
+                                alerts=rt.alerts, clock=rt.clock)
+        wakes = await dispatcher.recover()
         listeners = await self._listen(rt, inbox, dispatcher)
-        router = await self._chat(rt, inbox, dispatcher, listeners)
-        if router is not None:
-            dispatcher.attach_chat(router)
-            await self._announce_interrupted(inbox, router, interrupted)
-            if any(s is not None and s.alert_channel
-                   for s in (self._cfg.chat.slack, self._cfg.chat.discord)):
-                rt.alerts.route_to(router.post_alert)
+        chat = await self._chat(rt, inbox, dispatcher, listeners)
+        await dispatcher.tell_interrupted(wakes)
         schedules = ScheduleRunner(
             ScheduleStore(rt.db, timezone=self._cfg.budget.timezone, clock=rt.clock), inbox,
             audit=rt.audit, grace_s=self._cfg.wakes.missed_fire_grace_s, clock=rt.clock,
@@ -113,10 +111,10 @@ class Daemon:
         with recording_stop_signals(self._stop, self._hurry):
             await rt.audit.record("serve", "ready", "ok", details={
                 "ports": self.ports, "orphans_ended": len(recovered),
-                "wakes_requeued": requeued, "schedules": len(schedules.next_fires()),
+                "wakes_requeued": wakes.requeued, "schedules": len(schedules.next_fires()),
                 "missed_fires_queued": missed, "chat": self.chat_state,
             })
-            await self._until_stopped(rt, inbox, dispatcher, listeners, router, schedules)
+            await self._until_stopped(rt, inbox, dispatcher, listeners, chat, schedules)
             await asyncio.to_thread(self._publish, None)
             await rt.audit.record("serve", "stopped", "ok", details={"pid": os.getpid()})
         self.state = State.EXITED
@@ -124,7 +122,7 @@ class Daemon:
 
     async def _until_stopped(
         self, rt: Runtime, inbox: Inbox, dispatcher: Dispatcher,
-        listeners: list[WebhookListener], router: ChatRouter | None, schedules: ScheduleRunner,
+        listeners: list[WebhookListener], chat: _Chat | None, schedules: ScheduleRunner,
     ) -> None:
         """Ready until a stop is asked; then stop in reverse start-up order."""
         self.state = State.READY
@@ -141,8 +139,8 @@ class Daemon:
             self.state = State.DRAINING
             for listener in listeners:
                 await listener.stop()
-            if router is not None:
-                await _stop_chat(router)
+            if chat is not None:
+                await chat.stop()
             await schedules.stop()
             polls_stop.set()
             dispatcher.stop_intake()
@@ -177,8 +175,9 @@ class Daemon:
     async def _chat(
         self, rt: Runtime, inbox: Inbox, dispatcher: Dispatcher,
         listeners: list[WebhookListener],
-    ) -> ChatRouter | None:
-        """Connect the configured chat platforms (after the listeners, before readiness)."""
+    ) -> _Chat | None:
+        """Connect the configured chat platforms (after the listeners, before readiness); their
+        conversations take the chat wakes, and alerts go to their alert channel if one is set."""
         adapters: dict[str, ChatAdapter] = {}
         if self._cfg.chat.slack is not None:
             from bothy.chat.slack import SlackAdapter
@@ -192,9 +191,11 @@ class Daemon:
                                                  **self._adapter_options.get("discord", {}))
         if not adapters:
             return None
-        router = ChatRouter(self._cfg.chat, adapters, inbox=inbox,
+        conversations = Conversations(self._cfg, adapters, db=rt.db, audit=rt.audit,
+                                      clock=rt.clock)
+        router = ChatRouter(self._cfg.chat, conversations, inbox=inbox,
                             board=QuestionBoard(rt.db, clock=rt.clock), db=rt.db,
-                            audit=rt.audit, clock=rt.clock, on_accepted=dispatcher.poke)
+                            audit=rt.audit, on_accepted=dispatcher.poke)
         try:
             # Connected side by side: discord.py alone waits out its guild-ready delay.
             started = await asyncio.gather(
@@ -206,11 +207,15 @@ class Daemon:
                     raise outcome
                 self.chat_state[name] = "connected"
         except BaseException:
-            await _stop_chat(router)
+            await _Chat(router, adapters).stop()
             for listener in listeners:
                 await listener.stop()
             raise
-        return router
+        dispatcher.add_handler(CHAT_SOURCE, conversations)
+        if any(s is not None and s.alert_channel
+               for s in (self._cfg.chat.slack, self._cfg.chat.discord)):
+            rt.alerts.route_to(router.post_alert)
+        return _Chat(router, adapters)
 
     async def _drain(self, dispatcher: Dispatcher) -> None:
         if await self._drained(dispatcher, self._cfg.wakes.shutdown_grace_s):
@@ -231,48 +236,6 @@ class Daemon:
         with contextlib.suppress(asyncio.CancelledError):
             await drain
         return False
-
-    async def _recover_wakes(
-        self, rt: Runtime, inbox: Inbox
-    ) -> tuple[int, list[tuple[WakeRow, RunRow]]]:
-        """Wakes left ``running`` by a dead daemon: requeue those whose run never started;
-        close those whose run was under way (returned, so their threads can be told)."""
-        await inbox.recover()
-        requeued = 0
-        interrupted: list[tuple[WakeRow, RunRow]] = []
-        for wake in await inbox.in_flight():
-            row = await rt.db.run(wake.run_id) if wake.run_id else None
-            if row is None or row.started_us is None:
-                # Never admitted, or admitted but still waiting for a slot (the sweep closed
-                # that run id, spending nothing): the wake never ran, so it runs now.
-                stage = "admitted" if row is None else "given a worker slot"
-                await inbox.retry_later(wake.id, next_try_us=0,
-                                        note=f"bothy stopped before its run was {stage}")
-                requeued += 1
-                continue
-            note = f"bothy stopped while its run was {row.status}; run {row.outcome or 'failed'}"
-            await inbox.finish(wake.id, "done", run_id=row.run_id, note=note)
-            await rt.audit.record("wake", "interrupted", "failed", subject=row.subject,
-                                  run_id=row.run_id, details={"delivery": wake.key,
-                                                              "note": note})
-            interrupted.append((wake, row))
-        return requeued, interrupted
-
-    async def _announce_interrupted(
-        self, inbox: Inbox, router: ChatRouter, interrupted: list[tuple[WakeRow, RunRow]]
-    ) -> None:
-        """Tell each chat thread whose run a crash cut short that it was stopped."""
-        for wake, row in interrupted:
-            if wake.source != CHAT_SOURCE:
-                continue
-            message, _ = message_of((await inbox.load(wake)).body)
-            if message.platform not in router.adapters:
-                continue
-            thread = row.subject.split(":", 1)[1] if ":" in row.subject else message.thread
-            await router.post(message.platform, message.channel, thread,
-                              "Bothy was restarted while it worked on this, and the run was"
-                              " stopped before it finished. Mention me again to retry.",
-                              run_id=row.run_id)
 
     def stop(self) -> None:
         """Ask a running :meth:`serve` to stop, as the first SIGINT or SIGTERM does (for a
@@ -296,10 +259,17 @@ async def _keep_polling(poller: Poller, stop: asyncio.Event, rt: Runtime) -> Non
                               details={"reason": str(exc)})
 
 
-async def _stop_chat(router: ChatRouter) -> None:
-    for adapter in router.adapters.values():
-        await adapter.stop()
-    await router.close()
+@dataclass(frozen=True)
+class _Chat:
+    """The connected chat platforms and the router their messages go to."""
+
+    router: ChatRouter
+    adapters: Mapping[str, ChatAdapter]
+
+    async def stop(self) -> None:
+        for adapter in self.adapters.values():
+            await adapter.stop()
+        await self.router.close()
 
 
 def _check_secrets(cfg: Config) -> None:

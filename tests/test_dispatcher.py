@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from bothy.chat.router import ChatRouter
-from bothy.config import ChatConfig, parse_config
+from bothy.chat.conversation import SOURCE as CHAT_SOURCE
+from bothy.chat.conversation import Conversations
+from bothy.config import parse_config
 from bothy.engine.audit import AuditLog
-from bothy.engine.questions import QuestionBoard
 from bothy.home import BothyHome
 from bothy.runtime import Runtime
 from bothy.wakes.dispatcher import Dispatcher
+from bothy.wakes.handlers import unattended
 from bothy.wakes.inbox import Delivery, Inbox
 from tests.fakes.codex import codex_binary
 from tests.fakes.shell import until
@@ -29,12 +30,11 @@ async def test_a_wake_that_cannot_be_handled_is_abandoned_audited_and_raised(
                        path=home.config_path)
     async with Runtime.open(home, cfg) as rt:
         inbox = Inbox(home.inbox_dir, rt.db, clock=rt.clock)
-        dispatcher = Dispatcher(cfg, inbox=inbox, supervisor=rt.supervisor(), audit=rt.audit,
-                                alerts=rt.alerts, clock=rt.clock, home=home)
-        dispatcher.attach_chat(ChatRouter(
-            ChatConfig(), {}, inbox=inbox, board=QuestionBoard(rt.db, clock=rt.clock),
-            db=rt.db, audit=rt.audit, clock=rt.clock, on_accepted=dispatcher.poke,
-        ))
+        dispatcher = Dispatcher(cfg.wakes, unattended(cfg, home), inbox=inbox,
+                                supervisor=rt.supervisor(), db=rt.db, audit=rt.audit,
+                                alerts=rt.alerts, clock=rt.clock)
+        dispatcher.add_handler(CHAT_SOURCE, Conversations(cfg, {}, db=rt.db, audit=rt.audit,
+                                                          clock=rt.clock))
         await inbox.accept(Delivery(source="chat", route="slack", key="CWORK:1.0",
                                     event="mention", action=None, headers={},
                                     body=b"{not json", received_at=rt.clock()))

@@ -1,0 +1,285 @@
+"""A chat conversation: one thread of a chat platform, run after run (SPEC §5 "Chat", §6).
+
+Every decision about a conversation's runs is made here, and nowhere else:
+
+- its key (:func:`thread_key`) and its lane, the subject ``<platform>:<thread>`` (one run at a
+  time per thread);
+- the chat wake itself: what a mention or a continuing reply puts in the inbox, and reads
+  back out of it;
+- the prompt: the Codex thread the conversation kept is resumed; without one, a continuing
+  reply is told what the run answered last;
+- remembering the thread's current run and last answer (the ``chat_threads`` table), so that
+  replies find it across restarts;
+- asking: a run's questions are posted in the thread, and the answer waits for those posts;
+- delivering: the answer (never ``NO_REPLY``), or the outcome and why; a refusal is told in
+  the thread, not retried; a run a crash cut short is announced there.
+
+The router (``chat/router.py``) hands people's messages in; the dispatcher hands chat wakes to
+:class:`Conversations`, its handler for the ``chat`` source, and gets back a :class:`ChatRun`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from bothy.chat.base import ChatAdapter, ChatMessage
+from bothy.clock import Clock, to_us
+from bothy.config import Config
+from bothy.engine.audit import AuditLog
+from bothy.engine.run import NO_REPLY, RunRequest, RunResult
+from bothy.engine.state import RunRow, StateDB
+from bothy.errors import ChatError
+from bothy.wakes.handlers import Execute, WakeRun, WakeStart
+from bothy.wakes.inbox import Delivery, WakeRow
+from bothy.wakes.jobs import Ignored
+
+SOURCE = "chat"
+SEEN = "eyes"
+_ASKING = "Reply in this thread (yes or no for an approval)."
+_INTERRUPTED = ("Bothy was restarted while it worked on this, and the run was stopped before"
+                " it finished. Mention me again to retry.")
+
+
+@dataclass(frozen=True)
+class ThreadState:
+    """What a conversation remembers: its last run and that run's answer."""
+
+    last_run_id: str
+    last_answer: str
+
+
+class Conversations:
+    """The chat conversations of a site, over its connected adapters; the ``chat`` wakes'
+    handler in the dispatcher's table."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        adapters: dict[str, ChatAdapter],
+        *,
+        db: StateDB,
+        audit: AuditLog,
+        clock: Clock,
+    ) -> None:
+        self._cfg = cfg
+        self.adapters = adapters
+        self._db = db
+        self._audit = audit
+        self._clock = clock
+
+    # -- the inbox's side: a message becomes a durable wake -----------------------------------
+
+    def wake_of(self, message: ChatMessage, *, continued_from: str | None) -> Delivery:
+        """The chat wake a mention (or a reply continuing a finished run) puts in the inbox."""
+        body = json.dumps({**asdict(message), "continued_from": continued_from}).encode()
+        return Delivery(source=SOURCE, route=message.platform, key=message.dedupe_key,
+                        event="mention", action=None, headers={}, body=body,
+                        received_at=self._clock())
+
+    async def state(self, message: ChatMessage) -> ThreadState | None:
+        """What the conversation a reply belongs to remembers; None if Bothy never answered
+        in that thread (not its conversation)."""
+        row = await self._db.fetch_one(
+            "SELECT last_run_id, last_answer FROM chat_threads WHERE thread_key = ?",
+            (thread_key(message.platform, message.channel, message.thread),),
+        )
+        if row is None:
+            return None
+        return ThreadState(str(row["last_run_id"]), str(row["last_answer"] or ""))
+
+    # -- the dispatcher's side: a chat wake becomes a run -------------------------------------
+
+    async def take(self, wake: WakeRow, delivery: Delivery, start: WakeStart) -> ChatRun | Ignored:
+        """A mention's run: seen, its thread opened, resumed or told what it answered last."""
+        message, continued_from = _message_of(delivery.body)
+        adapter = self.adapters.get(message.platform)
+        if adapter is None:
+            return Ignored(f"{message.platform} is not connected")
+        await self._seen(adapter, message, wake.route, start.details)
+        thread = await self._open_thread(adapter, message, wake.route, start.details)
+        resume = await self._codex_thread(message, thread) if continued_from is not None else None
+        prompt = message.text
+        if continued_from and resume is None:
+            # No kept thread to resume: at least tell the run what it said last.
+            prompt = (f"Earlier in this conversation you answered:\n{continued_from}\n\n"
+                      f"The person now says:\n{message.text}")
+        request = RunRequest.for_wake(
+            self._cfg, prompt=prompt, subject=f"{message.platform}:{thread}", source=SOURCE,
+            run_id=start.run_id, details={**start.details, "user": message.user},
+            profile=self._profile_for(message.platform),
+            trusted=True,  # an allowed account wrote it
+            can_hold=True,  # someone is in the thread to answer
+            keep_thread=True, resume_thread=resume,  # the thread is one Codex conversation
+        )
+        return ChatRun(request, self, message, thread)
+
+    async def _seen(
+        self, adapter: ChatAdapter, message: ChatMessage, route: str, details: dict[str, Any]
+    ) -> None:
+        try:
+            await adapter.react(message, SEEN)
+        except ChatError as exc:  # a missing reaction must not cost the thread and the answer
+            await self._audit.record("chat", "react-failed", "failed", subject=route,
+                                     details={**details, "reason": str(exc)})
+
+    async def _open_thread(
+        self, adapter: ChatAdapter, message: ChatMessage, route: str, details: dict[str, Any]
+    ) -> str:
+        try:
+            return await adapter.open_thread(message)
+        except ChatError as exc:
+            await self._audit.record("chat", "thread-failed", "failed", subject=route,
+                                     details={**details, "reason": str(exc)})
+            return message.thread
+
+    def _profile_for(self, platform: str) -> str | None:
+        chat = self._cfg.chat
+        section = chat.slack if platform == "slack" else chat.discord
+        return section.profile if section is not None else None
+
+    async def _codex_thread(self, message: ChatMessage, thread: str) -> str | None:
+        """The Codex thread this conversation kept, to resume it (None for a new one)."""
+        row = await self._db.fetch_one(
+            "SELECT codex_thread FROM chat_threads WHERE thread_key = ?",
+            (thread_key(message.platform, message.channel, thread),),
+        )
+        return str(row["codex_thread"]) if row is not None and row["codex_thread"] else None
+
+    async def remember(self, message: ChatMessage, thread: str, run_id: str) -> None:
+        """The thread's current run, so replies find it (kept across restarts)."""
+        key = thread_key(message.platform, message.channel, thread)
+        async with self._db.transaction():
+            await self._db.execute(
+                "INSERT INTO chat_threads (thread_key, platform, channel, thread, last_run_id,"
+                " updated_us) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (thread_key) DO UPDATE SET"
+                " last_run_id = excluded.last_run_id, updated_us = excluded.updated_us",
+                (key, message.platform, message.channel, thread, run_id,
+                 to_us(self._clock())),
+            )
+
+    async def deliver(self, message: ChatMessage, thread: str, result: RunResult) -> None:
+        """Keep the run's answer and Codex thread; post its reply (``NO_REPLY`` never is)."""
+        key = thread_key(message.platform, message.channel, thread)
+        async with self._db.transaction():
+            await self._db.execute(
+                "UPDATE chat_threads SET last_answer = ?,"
+                " codex_thread = COALESCE(?, codex_thread) WHERE thread_key = ?",
+                (result.final_text[-2000:], result.thread_id, key),
+            )
+        text = result.reply
+        if not text or text.strip() == NO_REPLY:
+            return
+        await self.post(message.platform, message.channel, thread, text, run_id=result.run_id)
+
+    async def interrupted(self, wake: WakeRow, delivery: Delivery, run: RunRow) -> None:
+        """Tell the thread whose run a crash cut short that it was stopped."""
+        message, _ = _message_of(delivery.body)
+        if message.platform not in self.adapters:
+            return
+        row = await self._db.fetch_one(
+            "SELECT thread FROM chat_threads WHERE last_run_id = ?", (run.run_id,))
+        thread = str(row["thread"]) if row is not None else message.thread
+        await self.post(message.platform, message.channel, thread, _INTERRUPTED,
+                        run_id=run.run_id)
+
+    # -- posting ------------------------------------------------------------------------------
+
+    async def post(
+        self, platform: str, channel: str, thread: str, text: str, *, run_id: str | None
+    ) -> None:
+        """Post in a thread; a failure is audited (the run and the conversation go on)."""
+        try:
+            await self.adapters[platform].post(channel, thread, text)
+        except ChatError as exc:
+            await self._audit.record("chat", "post-failed", "failed",
+                                     subject=thread_key(platform, channel, thread),
+                                     run_id=run_id, details={"reason": str(exc)})
+
+    async def answer(self, message: ChatMessage, text: str) -> None:
+        """Reply in the message's thread: a Discord mention outside a thread has none until
+        one is started from it (Slack's thread is the mention's own ts)."""
+        try:
+            thread = await self.adapters[message.platform].open_thread(message)
+        except ChatError as exc:
+            await self._audit.record(
+                "chat", "post-failed", "failed",
+                subject=thread_key(message.platform, message.channel, message.thread),
+                details={"user": f"{message.platform}:{message.user}", "reason": str(exc)},
+            )
+            return
+        await self.post(message.platform, message.channel, thread, text, run_id=None)
+
+
+class ChatRun(WakeRun):
+    """One run of a conversation: remembered, its questions asked in the thread, answered."""
+
+    retries_refused = False  # the person is told in the thread; they may mention again
+
+    def __init__(self, request: RunRequest, conversations: Conversations,
+                 message: ChatMessage, thread: str) -> None:
+        super().__init__(request)
+        self._conversations = conversations
+        self._message = message
+        self._thread = thread
+
+    async def run(self, execute: Execute) -> RunResult:
+        assert self.request.run_id is not None
+        await self._conversations.remember(self._message, self._thread, self.request.run_id)
+        questions = _ThreadQuestions(self._conversations, self._message, self._thread)
+        try:
+            result = await execute(self.request, asker=questions)
+        except BaseException:
+            questions.cancel()
+            raise
+        await questions.posted()
+        await self._conversations.deliver(self._message, self._thread, result)
+        return result
+
+
+class _ThreadQuestions:
+    """A chat run's asker: each question is posted in the thread. The posts are its own: the
+    run's answer waits for them (a question never lands after the answer), a cancel ends them.
+    """
+
+    def __init__(self, conversations: Conversations, message: ChatMessage, thread: str) -> None:
+        self._conversations = conversations
+        self._message = message
+        self._thread = thread
+        self._posts: set[asyncio.Task[None]] = set()
+
+    def question(self, run_id: str, text: str) -> None:
+        task = asyncio.create_task(self._conversations.post(
+            self._message.platform, self._message.channel, self._thread,
+            f"? {text}\n{_ASKING}", run_id=run_id,
+        ))
+        self._posts.add(task)
+        task.add_done_callback(self._posts.discard)
+
+    async def posted(self) -> None:
+        """Wait for the posts still under way (a failed post is audited where it failed)."""
+        await asyncio.gather(*self._posts, return_exceptions=True)
+
+    def cancel(self) -> None:
+        for task in self._posts:
+            task.cancel()
+
+
+def thread_key(platform: str, channel: str, thread: str) -> str:
+    """The conversation's key. A Discord thread is a channel of its own: a reply in it arrives
+    with the thread's id as its channel, while the mention that started it carried the parent
+    channel's, so the thread's id alone (a snowflake, unique across Discord) names it. A Slack
+    thread's ts is unique only within its channel."""
+    if platform == "discord":
+        return f"{platform}:{thread}"
+    return f"{platform}:{channel}:{thread}"
+
+
+def _message_of(body: bytes) -> tuple[ChatMessage, str | None]:
+    """The message a chat wake carries, and the answer it continues (if any)."""
+    data = json.loads(body)
+    continued_from = data.pop("continued_from", None)
+    return ChatMessage(**data), continued_from
+

@@ -1,0 +1,169 @@
+"""What each source's wakes ask for: the dispatcher's table, one handler per source.
+
+A handler takes a durable wake and says what run it asks for (a :class:`WakeRun`), or why it
+asks for none (:class:`~bothy.wakes.jobs.Ignored`). The dispatcher knows nothing of the
+sources: it picks the handler from its table by the wake's source, records the run id, and
+lets the run go through the engine. The unattended sources are here:
+
+- ``webhook``: a signed delivery matched to its route's job; untrusted (rule 6).
+- ``poll``: something new a poller saw; untrusted.
+- ``schedule``: a fire, run as the schedule was when it fired; trusted (the operator wrote it).
+
+Nobody waits for their runs: questions decline at once, and a run refused at a gate is
+queued again (rule 4). A chat conversation, which a person does wait for, is ``chat/``'s
+(:class:`bothy.chat.conversation.Conversations`), added to the table by the daemon.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, Protocol
+
+from bothy.config import Config
+from bothy.engine.framing import new_token
+from bothy.engine.run import RunRequest, RunResult
+from bothy.home import BothyHome
+from bothy.money import usd_to_micros
+from bothy.wakes import poller, schedules
+from bothy.wakes.inbox import Delivery, WakeRow
+from bothy.wakes.jobs import Ignored, decode_payload, match, render_prompt, render_subject
+
+if TYPE_CHECKING:
+    from bothy.engine.toolbox import Asker
+
+WEBHOOK = "webhook"
+
+
+@dataclass(frozen=True)
+class WakeStart:
+    """What the dispatcher gives a wake's handler: the run id minted for this attempt (a
+    refused id is spent) and the details of the `wake received` record."""
+
+    run_id: str
+    details: dict[str, Any]
+
+
+class Execute(Protocol):
+    """Takes a request through the engine (the supervisor, the wake's admission order kept)."""
+
+    async def __call__(self, request: RunRequest, *, asker: Asker | None = None) -> RunResult:
+        ...
+
+
+class WakeRun:
+    """A wake's run, ready to go, that nobody waits for: a refusal is queued again."""
+
+    retries_refused = True
+
+    def __init__(self, request: RunRequest) -> None:
+        self.request = request
+
+    async def run(self, execute: Execute) -> RunResult:
+        return await execute(self.request)
+
+
+class WakeHandler(Protocol):
+    """Turns the wakes of one source into runs."""
+
+    async def take(self, wake: WakeRow, delivery: Delivery, start: WakeStart) -> WakeRun | Ignored:
+        """The run ``wake`` asks for, or why it asks for none."""
+        ...
+
+
+class _Unattended:
+    """A source whose wake becomes a plain request."""
+
+    async def take(self, wake: WakeRow, delivery: Delivery, start: WakeStart) -> WakeRun | Ignored:
+        made = await self.request(wake, delivery, start)
+        return made if isinstance(made, Ignored) else WakeRun(made)
+
+    async def request(
+        self, wake: WakeRow, delivery: Delivery, start: WakeStart
+    ) -> RunRequest | Ignored:
+        raise NotImplementedError
+
+
+class WebhookJobs(_Unattended):
+    """A webhook delivery's run: its route's matching job, or why it wakes none."""
+
+    def __init__(self, cfg: Config) -> None:
+        self._cfg = cfg
+
+    async def request(
+        self, wake: WakeRow, delivery: Delivery, start: WakeStart
+    ) -> RunRequest | Ignored:
+        route = self._cfg.webhooks.get(wake.route)
+        if route is None:
+            return Ignored("its route is no longer configured")
+        payload = decode_payload(delivery.body)
+        if payload is None:
+            return Ignored("not a JSON object")
+        matched = match(wake.route, route, wake.event, wake.action, payload, token=new_token())
+        if isinstance(matched, Ignored):
+            return matched
+        job = matched.job
+        return RunRequest.for_wake(
+            self._cfg, prompt=matched.prompt, subject=matched.subject, source=WEBHOOK,
+            run_id=start.run_id, details=start.details, asked_usd_micros=_micros(job.max_usd),
+            profile=job.profile,
+            trusted=False,  # a signature authenticates the sender, not the content
+            can_hold=False,  # nobody is in a thread to answer: questions decline at once
+        )
+
+
+class PollJobs(_Unattended):
+    """Something new a poller saw, run as untrusted input; or why it wakes nothing."""
+
+    def __init__(self, cfg: Config) -> None:
+        self._cfg = cfg
+
+    async def request(
+        self, wake: WakeRow, delivery: Delivery, start: WakeStart
+    ) -> RunRequest | Ignored:
+        spec = self._cfg.pollers.get(wake.route)
+        if spec is None:
+            return Ignored("its poller is no longer configured")
+        payload = decode_payload(delivery.body)
+        raw = None if payload is not None else delivery.body.decode(errors="replace")
+        job = spec.job
+        token = new_token()
+        return RunRequest.for_wake(
+            self._cfg,
+            prompt=render_prompt(job, payload or {}, wake.route, "poll", token, raw=raw,
+                                 what="poller"),
+            subject=render_subject(job.subject, payload or {}, wake.route),
+            source=poller.SOURCE, run_id=start.run_id, details=start.details,
+            asked_usd_micros=_micros(job.max_usd), profile=job.profile,
+            trusted=False,  # whoever wrote what the poll fetched is unknown (rule 6)
+            can_hold=False,
+        )
+
+
+class ScheduleFires(_Unattended):
+    """A schedule's fire, run as the schedule was when it fired; or why it cannot run."""
+
+    def __init__(self, cfg: Config, home: BothyHome) -> None:
+        self._cfg = cfg
+        self._home = home
+
+    async def request(
+        self, wake: WakeRow, delivery: Delivery, start: WakeStart
+    ) -> RunRequest | Ignored:
+        try:
+            schedule = schedules.Schedule.from_snapshot(delivery.body)
+        except ValueError as exc:
+            return Ignored(f"its schedule snapshot cannot be read: {exc}")
+        built = await schedules.schedule_request(schedule, self._cfg, self._home,
+                                                 run_id=start.run_id, details=start.details)
+        return Ignored(built.reason) if isinstance(built, schedules.Unrunnable) else built
+
+
+def unattended(cfg: Config, home: BothyHome) -> dict[str, WakeHandler]:
+    """The table of the sources nobody waits for, by source."""
+    return {WEBHOOK: WebhookJobs(cfg), poller.SOURCE: PollJobs(cfg),
+            schedules.SOURCE: ScheduleFires(cfg, home)}
+
+
+def _micros(usd: Decimal | None) -> int | None:
+    return usd_to_micros(usd) if usd is not None else None
