@@ -16,6 +16,7 @@ queued again (rule 4). A chat conversation, which a person does wait for, is ``c
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol
@@ -71,17 +72,18 @@ class WakeHandler(Protocol):
         ...
 
 
-class _Unattended:
-    """A source whose wake becomes a plain request."""
+class _Unattended(abc.ABC):
+    """A source whose wake becomes a plain request, run with nobody waiting for it."""
 
     async def take(self, wake: WakeRow, delivery: Delivery, start: WakeStart) -> WakeRun | Ignored:
         made = await self.request(wake, delivery, start)
         return made if isinstance(made, Ignored) else WakeRun(made)
 
+    @abc.abstractmethod
     async def request(
         self, wake: WakeRow, delivery: Delivery, start: WakeStart
     ) -> RunRequest | Ignored:
-        raise NotImplementedError
+        """The request ``wake`` makes, or why it makes none."""
 
 
 class WebhookJobs(_Unattended):
