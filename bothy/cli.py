@@ -19,6 +19,7 @@ from bothy.errors import (
     ChatUnavailable,
     CodexNotFoundError,
     ConfigError,
+    StateCorruptError,
     TemporaryFailure,
     UsageError,
 )
@@ -34,12 +35,25 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(ExitCode.USAGE)
 
 
+class _Subparser(_Parser):
+    """A subcommand refuses what it does not know itself, so its own usage is shown
+    (argparse would hand the leftovers up and print the top-level usage)."""
+
+    def parse_known_args(  # type: ignore[override]  # (typeshed's overloads; same behaviour)
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="bothy", description="A supervised Codex harness for unattended machines."
     )
     parser.add_argument("--version", action="version", version=f"bothy {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Subparser)
     # (each command's behaviour lives in bothy.commands; status in bothy.status)
 
     run = commands.add_parser("run", help="run one prompt through a supervised codex worker")
@@ -56,14 +70,17 @@ def _parser() -> argparse.ArgumentParser:
     answer.add_argument("run_id")
     answer.add_argument("text", help="yes or no for an approval, free text for a question")
 
-    commands.add_parser("checklist", help="print the standing checklist")
+    checklist = commands.add_parser("checklist", help="print the standing checklist")
+    checklist.add_argument("--json", action="store_true")
     commands.add_parser("serve", help="run the daemon: webhook listeners and the dispatcher")
 
     profile = commands.add_parser("profile", help="what the configured profiles grant")
-    profile_actions = profile.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    profile_actions.add_parser("list", help="one line per profile")
+    profile_actions = profile.add_subparsers(dest="action", required=True, parser_class=_Subparser)
+    profile_actions.add_parser("list", help="one line per profile").add_argument(
+        "--json", action="store_true")
     show = profile_actions.add_parser("show", help="the resolved grant of one profile")
     show.add_argument("name")
+    show.add_argument("--json", action="store_true")
 
     _schedule_parser(commands)
     _sop_parser(commands)
@@ -87,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _schedule_parser(commands: Any) -> None:
     schedule = commands.add_parser("schedule", help="cron wakes run by bothy serve")
-    actions = schedule.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    actions = schedule.add_subparsers(dest="action", required=True, parser_class=_Subparser)
     add = actions.add_parser("add", help="add a schedule (cron in budget.timezone)")
     add.add_argument("name", help="a short name: letters, digits, '-' or '_'")
     add.add_argument("--cron", required=True,
@@ -105,7 +122,8 @@ def _schedule_parser(commands: Any) -> None:
     check.add_argument("--verify-regex", metavar="RE",
                        help="verify that the final answer matches this regular expression")
     add.add_argument("--max-usd", help="reserve this much per fire instead of budget.per_run_usd")
-    actions.add_parser("list", help="one line per schedule, with its next fire")
+    actions.add_parser("list", help="one line per schedule, with its next fire").add_argument(
+        "--json", action="store_true")
     remove = actions.add_parser("rm", help="remove a schedule")
     remove.add_argument("name")
     run_now = actions.add_parser("run", help="run a schedule now, in the foreground")
@@ -114,8 +132,8 @@ def _schedule_parser(commands: Any) -> None:
 
 def _sop_parser(commands: Any) -> None:
     sop = commands.add_parser("sop", help="written procedures that schedules can follow")
-    actions = sop.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    actions.add_parser("list", help="one line per SOP")
+    actions = sop.add_subparsers(dest="action", required=True, parser_class=_Subparser)
+    actions.add_parser("list", help="one line per SOP").add_argument("--json", action="store_true")
     show = actions.add_parser("show", help="print one SOP")
     show.add_argument("name")
     put = actions.add_parser("set", help="write an SOP from a file, or '-' for standard input")
@@ -147,9 +165,34 @@ def _config_exit(command: str, message: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, so a closed pipe is met inside the try
+    except BrokenPipeError:
+        return _reader_gone()
+    return code
+
+
+def _reader_gone() -> int:
+    """The reader of our output went away (``bothy audit | head``): not an error of ours.
+
+    stdout is pointed at /dev/null so that the interpreter's last flush does not meet the
+    closed pipe again (https://docs.python.org/3/library/signal.html#note-on-sigpipe).
+    """
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return ExitCode.OK
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _dispatch(args)
+    except StateCorruptError as exc:
+        print(f"bothy: {exc}", file=sys.stderr)
+        return ExitCode.STATE
     except ConfigError as exc:
         print(f"bothy: configuration error: {exc}", file=sys.stderr)
         return _config_exit(args.command, str(exc))

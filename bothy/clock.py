@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 
 Clock = Callable[[], datetime]
 
@@ -20,3 +20,9 @@ def to_us(moment: datetime) -> int:
 
 def from_us(micros: int) -> datetime:
     return datetime.fromtimestamp(micros // 1_000_000, UTC).replace(microsecond=micros % 1_000_000)
+
+
+def minute_iso(micros: int, zone: tzinfo) -> str:
+    """A time for a person, the one form every command shows: ISO 8601 to the minute, in
+    ``zone`` (the budget's time zone) with its offset: ``2026-09-25T03:00+02:00``."""
+    return from_us(micros).astimezone(zone).isoformat(timespec="minutes")

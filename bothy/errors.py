@@ -6,6 +6,7 @@
     ├── TemporaryFailure       try again later: a lock held, a port taken (exit 75)
     │   └── ListenerError      a webhook listener cannot bind its host:port
     ├── StateError             the state directory or database cannot be used
+    │   └── StateCorruptError  the state database is damaged or not one (exit 65)
     ├── InboxError             a wake cannot be made durable, or its payload cannot be read
     ├── AuditIntegrityError    the audit chain is broken (names the first bad record)
     ├── CodexNotFoundError     the configured codex command is missing or not executable
@@ -48,6 +49,28 @@ class TemporaryFailure(BothyError):
 
 class StateError(BothyError):
     """The state directory or database cannot be used."""
+
+
+class StateCorruptError(StateError):
+    """The state database is damaged, or not a database: it has to be moved aside (exit 65)."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path = path
+        super().__init__(
+            f"the state database {path} is corrupt ({reason}). Stop bothy serve, move it"
+            f" aside (mv {path} {path}.corrupt, and likewise its -wal and -shm files if"
+            " present), then run the command again: a new, empty one is made. Schedules"
+            " must be added again and today's spend starts again from zero; the audit log"
+            " keeps the history."
+        )
+
+    @classmethod
+    def from_sqlite(cls, path: Path, exc: BaseException) -> StateCorruptError | None:
+        """The translation of SQLite's own verdict, or None when ``exc`` is not corruption."""
+        name = getattr(exc, "sqlite_errorname", None)
+        if name in ("SQLITE_CORRUPT", "SQLITE_NOTADB"):
+            return cls(path, str(exc))
+        return None
 
 
 class AuditIntegrityError(BothyError):

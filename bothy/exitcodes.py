@@ -17,6 +17,7 @@ class ExitCode(enum.IntEnum):
     LIMIT = 4  # the run was stopped at a limit: wall clock, tokens, its reservation
     CANCELLED = 5  # the run was cancelled (bothy cancel, a signal)
     USAGE = 64  # EX_USAGE: a command-line argument cannot be honoured
+    STATE = 65  # EX_DATAERR: the state database is corrupt; move it aside, do not restart
     TEMPFAIL = 75  # EX_TEMPFAIL: a dependency is temporarily unavailable; restart me
     CONFIG = 78  # EX_CONFIG: configuration error; do not restart
 

@@ -21,7 +21,8 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from bothy.atomicfile import write_atomically
-from bothy.clock import from_us, to_us, utc_now
+from bothy.clock import minute_iso, to_us, utc_now
+from bothy.errors import StateCorruptError
 from bothy.home import BothyHome
 from bothy.money import format_usd
 
@@ -82,6 +83,8 @@ def _collect(home: BothyHome, view: StatusView, now: datetime) -> dict[str, Any]
         "running": [],
         "queued": {},
         "held_by_crashed_runs": [],
+        "held_questions": [],
+        "wakes_waiting": [],
         "schedules": [],
         "serve": "not running",
         "chat": {},
@@ -89,17 +92,27 @@ def _collect(home: BothyHome, view: StatusView, now: datetime) -> dict[str, Any]
     _serve(home, report)
     if not home.db_path.exists():
         return report
+    zone = ZoneInfo(view.timezone)
     db = sqlite3.connect(f"file:{home.db_path}?mode=ro", uri=True, timeout=5)
     db.row_factory = sqlite3.Row
     try:
-        _fill(db, report, day, to_us(now))
-        report["schedules"] = _schedules(db, ZoneInfo(view.timezone), to_us(now))
+        _fill(db, report, day, to_us(now), zone)
+        report["held_questions"] = _held_questions(db, zone, to_us(now))
+        report["wakes_waiting"] = _wakes_waiting(db, zone)
+        report["schedules"] = _schedules(db, zone, to_us(now))
+    except sqlite3.DatabaseError as exc:
+        corrupt = StateCorruptError.from_sqlite(home.db_path, exc)
+        if corrupt is None:
+            raise
+        raise corrupt from exc
     finally:
         db.close()
     return report
 
 
-def _fill(db: sqlite3.Connection, report: dict[str, Any], day: str, now_us: int) -> None:
+def _fill(
+    db: sqlite3.Connection, report: dict[str, Any], day: str, now_us: int, zone: ZoneInfo
+) -> None:
     used = db.execute("SELECT COALESCE(SUM(micros), 0) FROM spend WHERE day = ?", (day,))
     report["used_usd"] = format_usd(int(used.fetchone()[0]), 4)
     live = db.execute(
@@ -118,7 +131,7 @@ def _fill(db: sqlite3.Connection, report: dict[str, Any], day: str, now_us: int)
             report["held_by_crashed_runs"].append({
                 "run_id": row["run_id"],
                 "held_usd": format_usd(max(row["reserved_micros"] - row["spent_micros"], 0), 4),
-                "expires_at": from_us(row["expires_us"]).isoformat(),
+                "expires_at": minute_iso(row["expires_us"], zone),
             })
     report["reserved_usd"] = format_usd(reserved, 4)
 
@@ -146,7 +159,35 @@ def _schedules(db: sqlite3.Connection, zone: ZoneInfo, now_us: int) -> list[dict
 
 
 def _local(micros: int | None, zone: ZoneInfo) -> str | None:
-    return from_us(micros).astimezone(zone).isoformat(timespec="minutes") if micros else None
+    return minute_iso(micros, zone) if micros else None
+
+
+def _held_questions(db: sqlite3.Connection, zone: ZoneInfo, now_us: int) -> list[dict[str, Any]]:
+    """Questions a running run is waiting on a person for (SPEC §6)."""
+    rows = _rows(
+        db, "SELECT q.run_id, r.subject, q.kind, q.tool, q.text, q.deadline_us FROM questions q"
+        " JOIN runs r ON r.run_id = q.run_id WHERE q.status = 'pending' AND r.status = 'running'"
+        " AND q.deadline_us > ? ORDER BY q.id", (now_us,))
+    return [{"run_id": row["run_id"], "subject": row["subject"], "kind": row["kind"],
+             "tool": row["tool"], "question": row["text"],
+             "held_until": minute_iso(row["deadline_us"], zone)} for row in rows]
+
+
+def _rows(db: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[sqlite3.Row]:
+    try:
+        return db.execute(sql, params).fetchall()
+    except sqlite3.OperationalError:  # a database from before this table: nothing in it yet
+        return []
+
+
+def _wakes_waiting(db: sqlite3.Connection, zone: ZoneInfo) -> list[dict[str, Any]]:
+    """Wakes refused at a gate and queued again for a later try."""
+    rows = _rows(
+        db, "SELECT source, route, key, attempts, next_try_us, note FROM wakes"
+        " WHERE status = 'queued' AND attempts > 0 ORDER BY next_try_us", ())
+    return [{"source": row["source"], "route": row["route"], "key": row["key"],
+             "attempts": row["attempts"], "next_try": minute_iso(row["next_try_us"], zone),
+             "note": row["note"]} for row in rows]
 
 
 def _running(row: sqlite3.Row, now_us: int) -> dict[str, Any]:
@@ -212,6 +253,14 @@ def render_status(report: dict[str, Any]) -> str:
             f"held by a crashed run: {held['run_id']} {held['held_usd']} usd until"
             f" {held['expires_at']}"
         )
+    lines.append(f"held questions: {len(report['held_questions'])}")
+    for asked in report["held_questions"]:
+        lines.append(f"  {asked['run_id']} {asked['subject']} asks: {asked['question']} held"
+                     f" until {asked['held_until']} (bothy answer {asked['run_id']} TEXT)")
+    lines.append(f"wakes waiting to be retried: {len(report['wakes_waiting'])}")
+    for wake in report["wakes_waiting"]:
+        lines.append(f"  {wake['source']} {wake['route']} {wake['key']} next try"
+                     f" {wake['next_try']}: {wake['note']}")
     lines.append(f"schedules: {len(report['schedules'])}")
     for schedule in report["schedules"]:
         when = f"next {schedule['next_fire'] or 'never'}"

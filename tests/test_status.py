@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import pytest
+
+from tests.fakes import github
+from tests.fakes.model_server import ModelServer, text, tool_call
+from tests.fakes.shell import Shell, until
 from tests.fakes.site import Site
+from tests.test_serve import SECRET, queued, records, serve_site, start_serve
+
+MINUTE_ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d[+-]\d\d:\d\d"
 
 
 async def test_status_revalidates_an_edited_config(tmp_path: Path) -> None:
@@ -40,3 +49,57 @@ async def test_status_json_reports_the_day(tmp_path: Path) -> None:
     assert report["ceiling_usd"] == "25.00"
     assert report["running"] == [] and report["queued"] == {}
     assert report["chat"] == {} and report["serve"] == "not running"
+
+
+@pytest.mark.codex
+async def test_status_shows_a_held_question(tmp_path: Path) -> None:
+    """While a run holds a question, `bothy status` shows it, with how to answer it."""
+    async with ModelServer() as server:
+        site = Site(tmp_path, server.base_url, profiles={"selfcare": {
+            "tools": ["bothy_checklist"], "approvals": {"bothy_checklist": "confirm"}}})
+        server.script(tool_call("bothy_checklist", {"action": "add", "item": "x"}), text("no"))
+        async with Shell(site) as shell:
+            run = await shell.start("run", "add x", "--profile", "selfcare", "--subject", "ops")
+            run_id = await run.admitted()
+            await run.line(r"^bothy: question: May I use bothy_checklist\?")
+            shown = await shell.bothy("status")
+            as_json = await shell.bothy("status", "--json")
+            assert (await shell.bothy("answer", str(run_id), "no")).code == 0
+            assert (await run.finish()).code == 0
+
+    assert shown.code == 0, shown.stderr
+    assert "held questions: 1\n" in shown.stdout
+    [line] = [line for line in shown.stdout.splitlines() if " asks: " in line]
+    assert re.fullmatch(rf"  {run_id} ops asks: May I use bothy_checklist\? .* held until"
+                        rf" {MINUTE_ISO} \(bothy answer {run_id} TEXT\)", line), line
+    [question] = json.loads(as_json.stdout)["held_questions"]
+    assert (question["run_id"], question["kind"], question["tool"]) == (
+        run_id, "approval", "bothy_checklist")
+
+
+@pytest.mark.codex
+async def test_status_shows_a_wake_waiting_to_be_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delivery refused at the budget gate waits for its retry, and `bothy status` says so."""
+    monkeypatch.setenv("GH_SECRET", SECRET)
+    async with ModelServer() as server:
+        site = serve_site(tmp_path, server, budget={"per_run_usd": "0.50", "per_day_usd": "0.50"},
+                          wakes={"retry_first_s": 600})
+        server.script(text("Spent the day's money."))
+        async with Shell(site) as shell:
+            assert (await shell.bothy("run", "spend", "--max-usd", "0.05")).code == 0
+            serving = await start_serve(shell)
+            delivery = await queued(serving, github.pull_request_opened(42))
+            await until(lambda: bool(records(site, "wake", "deferred")), "the wake deferred")
+            shown = await shell.bothy("status")
+            as_json = await shell.bothy("status", "--json")
+            assert await serving.stop() == 0
+
+    assert shown.code == 0, shown.stderr
+    assert "wakes waiting to be retried: 1\n" in shown.stdout
+    [line] = [line for line in shown.stdout.splitlines() if f" {delivery} " in line]
+    assert re.fullmatch(rf"  webhook github {delivery} next try {MINUTE_ISO}: attempt 1"
+                        r" refused: .*against a 0\.50 ceiling.*", line), line
+    [waiting] = json.loads(as_json.stdout)["wakes_waiting"]
+    assert (waiting["key"], waiting["attempts"]) == (delivery, 1)

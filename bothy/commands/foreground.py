@@ -49,11 +49,17 @@ async def cmd_run(args: argparse.Namespace) -> int:
 
 
 def check_workspace(home: BothyHome, cfg: Config) -> None:
+    from bothy.engine.launch import build_launch
     from bothy.engine.supervisor import workspace_problem
 
     if problem := workspace_problem(cfg.workspace):
         raise ConfigError(f"{problem} (config key 'workspace' in {home.config_path})",
                           path=home.config_path, key="workspace")
+    codex_home = build_launch(cfg.codex).codex_home
+    if not codex_home.is_dir():  # codex refuses to start without it
+        raise ConfigError(f"codex home {codex_home} does not exist: run `codex login` once, or"
+                          f" set config key 'codex.home' in {home.config_path}",
+                          path=home.config_path, key="codex.home")
 
 
 async def run_in_foreground(rt: Runtime, request: RunRequest) -> RunResult:

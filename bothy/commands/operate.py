@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import sys
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -25,16 +27,31 @@ async def cmd_audit(args: argparse.Namespace) -> int:
     log = AuditLog(home.audit_path)
     if args.action == "verify":
         report = await asyncio.to_thread(log.verify)
-        if report.ok:
+        if args.json:
+            from dataclasses import asdict
+
+            print(json.dumps(asdict(report)))
+        elif report.ok:
             print(f"audit chain intact: {report.count} records verified")
-            return ExitCode.OK
-        print(f"audit chain broken: {report.problem}")
-        return ExitCode.FAILED
+        else:
+            print(f"audit chain broken: {report.problem}")
+        return ExitCode.OK if report.ok else ExitCode.FAILED
     since = _since(args.since) if args.since else None
     records = await asyncio.to_thread(lambda: list(log.records(run_id=args.run_id, since=since)))
     for record in records:
         print(record.to_json() if args.json else record.human_line())
+    if not records:
+        print(f"bothy: {_nothing(args.run_id, args.since)} ({log.path})", file=sys.stderr)
     return ExitCode.OK
+
+
+def _nothing(run_id: str | None, since: str | None) -> str:
+    """What an empty answer means, said rather than left blank."""
+    if run_id is None and since is None:
+        return "the register is empty"
+    of_run = f" of run {run_id}" if run_id else ""
+    after = f" since {since}" if since else ""
+    return f"no record{of_run}{after} in the register"
 
 
 def _since(value: str) -> datetime:
@@ -54,8 +71,6 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
 
     report = await run_doctor()
     if args.json:
-        import json
-
         print(json.dumps(report.to_json(), indent=2))
     else:
         print("\n".join(report.lines()))
@@ -71,6 +86,9 @@ async def cmd_checklist(args: argparse.Namespace) -> int:
     from bothy.home import BothyHome
 
     checklist = Checklist(BothyHome.from_env().checklist_path)
+    if args.json:
+        print(json.dumps(await asyncio.to_thread(checklist.items)))
+        return ExitCode.OK
     text = await asyncio.to_thread(checklist.render)
     print(text or "(the checklist is empty)")
     return ExitCode.OK
@@ -81,13 +99,22 @@ async def cmd_profile(args: argparse.Namespace) -> int:
 
     _, cfg = load()
     if args.action == "list":
+        if args.json:
+            print(json.dumps([{"name": name, "sandbox": profile.sandbox, "tools": profile.tools,
+                               "mcp_servers": sorted(profile.mcp_servers)}
+                              for name, profile in sorted(cfg.profiles.items())]))
+            return ExitCode.OK
         for line in profile_lines(cfg) or ["(no profiles configured)"]:
             print(line)
         return ExitCode.OK
     if args.name not in cfg.profiles:
         known = ", ".join(sorted(cfg.profiles)) or "none are configured"
         raise UsageError(f"no profile {args.name!r} ({known})")
-    print(describe_profile(args.name, cfg.profiles[args.name]))
+    profile = cfg.profiles[args.name]
+    if args.json:
+        print(json.dumps({"name": args.name, **profile.model_dump(mode="json")}))
+        return ExitCode.OK
+    print(describe_profile(args.name, profile))
     return ExitCode.OK
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bothy.commands._shared import load
 from bothy.commands.foreground import (
@@ -117,16 +118,24 @@ async def _schedule_list(args: argparse.Namespace) -> int:
     zone = cfg.budget.timezone
     async with Runtime.open(home, cfg) as rt:
         found = await ScheduleStore(rt.db, timezone=zone, clock=rt.clock).all()
+    listed: list[dict[str, Any]] = []
+    for schedule in found:
+        upcoming = next_fire(cron_trigger(schedule.cron, zone), utc_now())
+        listed.append({"name": schedule.name, "cron": schedule.cron, "what": schedule.what,
+                       "profile": schedule.profile,
+                       "next_fire": _when(to_us(upcoming) if upcoming else None, zone),
+                       "last_fire": _when(schedule.last_fire_us, zone)})
+    if args.json:
+        print(json.dumps(listed))
+        return ExitCode.OK
     if not found:
         print("(no schedules: add one with bothy schedule add NAME --cron ... --heartbeat)")
         return ExitCode.OK
     rows = []
-    for schedule in found:
-        upcoming = next_fire(cron_trigger(schedule.cron, zone), utc_now())
-        row = [schedule.name, schedule.cron, schedule.what,
-               f"next {_when(to_us(upcoming) if upcoming else None, zone)}"]
-        if schedule.last_fire_us is not None:
-            row.append(f"last {_when(schedule.last_fire_us, zone)}")
+    for item in listed:
+        row = [item["name"], item["cron"], item["what"], f"next {item['next_fire']}"]
+        if item["last_fire"] != "never":
+            row.append(f"last {item['last_fire']}")
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for row in rows:
@@ -135,14 +144,12 @@ async def _schedule_list(args: argparse.Namespace) -> int:
 
 
 def _when(micros: int | None, zone: str) -> str:
-    """A time for a person, in the budget's time zone: ``2026-09-25 03:00 CEST``."""
+    """A time for a person, in the budget's time zone, as every command shows one."""
     from zoneinfo import ZoneInfo
 
-    from bothy.clock import from_us
+    from bothy.clock import minute_iso
 
-    if micros is None:
-        return "never"
-    return f"{from_us(micros).astimezone(ZoneInfo(zone)):%Y-%m-%d %H:%M %Z}"
+    return "never" if micros is None else minute_iso(micros, ZoneInfo(zone))
 
 
 async def _schedule_rm(args: argparse.Namespace) -> int:
@@ -181,6 +188,8 @@ async def _schedule_run(args: argparse.Namespace) -> int:
 
 
 async def cmd_sop(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from bothy.home import BothyHome
     from bothy.sops import SopLibrary
 
@@ -188,6 +197,9 @@ async def cmd_sop(args: argparse.Namespace) -> int:
     library = SopLibrary(home.sops_dir)
     if args.action == "list":
         summaries = await asyncio.to_thread(library.summaries)
+        if args.json:
+            print(json.dumps([dataclasses.asdict(summary) for summary in summaries]))
+            return ExitCode.OK
         for summary in summaries:
             print(f"{summary.name}  {summary.size_bytes} bytes  {summary.title}".rstrip())
         if not summaries:

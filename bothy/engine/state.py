@@ -22,7 +22,7 @@ from typing import Any
 
 import aiosqlite
 
-from bothy.errors import StateError
+from bothy.errors import StateCorruptError, StateError
 
 _SCHEMA_VERSION = 6
 _BUSY_TIMEOUT_MS = 30_000
@@ -231,6 +231,8 @@ class StateDB:
                         await self._db.execute(statement)
                 await self._db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
         except sqlite3.Error as exc:
+            if corrupt := StateCorruptError.from_sqlite(path, exc):
+                raise corrupt from exc
             raise StateError(f"cannot prepare the state database {path}: {exc}") from exc
         await asyncio.to_thread(path.chmod, 0o600)
 
