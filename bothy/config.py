@@ -111,6 +111,15 @@ class CodexConfig(_Section):
     env: EnvNames = Field(default_factory=list)
 
 
+class CairnConfig(_Section):
+    """How Bothy reaches Cairn, the optional task ledger (docs/CAIRN.md)."""
+
+    command: list[str] = Field(default_factory=lambda: ["cairn"], min_length=1)
+    # Each step (claim, brief, note, release) is bounded by this; the seed says 10 s at most.
+    timeout_s: float = Field(default=10.0, gt=0, le=10)
+    env: EnvNames = Field(default_factory=list)
+
+
 class LimitsConfig(_Section):
     """Default limits for every run; `bothy run` flags may tighten them."""
 
@@ -120,7 +129,7 @@ class LimitsConfig(_Section):
 
 
 # Tools Bothy knows without an MCP server: Codex's own approval requests, and Bothy's tools.
-BUILTIN_TOOLS = frozenset({"shell", "apply_patch", "bothy_checklist"})
+BUILTIN_TOOLS = frozenset({"shell", "apply_patch", "bothy_checklist", "bothy_note"})
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_.-]+)?$")
 
 
@@ -163,6 +172,7 @@ class ProfileConfig(_Section):
     unless_approved_within: int = Field(default=0, ge=0, le=30 * 86400)
     question_hold_seconds: int = Field(default=120, ge=0, le=86400)
     allow_from_untrusted: bool = False
+    cairn_brief: bool = True  # a run with --ref reads its task's brief from Cairn first
 
     @model_validator(mode="after")
     def _known_tools(self) -> ProfileConfig:
@@ -391,6 +401,7 @@ class Config(_Section):
     pool: PoolConfig = Field(default_factory=PoolConfig)
     budget: BudgetConfig
     codex: CodexConfig = Field(default_factory=CodexConfig)
+    cairn: CairnConfig = Field(default_factory=CairnConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
     listen: ListenConfig = Field(default_factory=ListenConfig)
