@@ -65,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-tokens", type=int, help="stop the run past this many tokens")
     run.add_argument("--wall-clock", type=int, help="stop the run after this many seconds")
     run.add_argument("--profile", help="grant the tools of this profile (see bothy profile list)")
+    run.add_argument("--ref", help="tie the run to this task in Cairn, e.g. ACME-12")
 
     answer = commands.add_parser("answer", help="answer a run's pending question")
     answer.add_argument("run_id")

@@ -94,7 +94,7 @@ class Daemon:
         inbox = Inbox(self._home.inbox_dir, rt.db, clock=rt.clock)
         await rt.audit.record("serve", "starting", "ok",
                               details={"pid": os.getpid(), "site": self._cfg.site})
-        recovered = await supervisor.recovery.sweep()
+        recovered = await supervisor.recover()
         dispatcher = Dispatcher(self._cfg.wakes, unattended(self._cfg, self._home), inbox=inbox,
                                 supervisor=supervisor, db=rt.db, audit=rt.audit,
                                 alerts=rt.alerts, clock=rt.clock)

@@ -39,6 +39,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         max_tokens=_tighter(args.max_tokens, "--max-tokens", cfg.limits.max_tokens,
                             "limits.max_tokens"),
         profile=check_profile(args.profile, cfg),
+        ref=check_ref(args.ref),
         # A foreground run may hold a question: answered at the terminal or by `bothy answer`.
         can_hold=True,
     )
@@ -68,7 +69,7 @@ async def run_in_foreground(rt: Runtime, request: RunRequest) -> RunResult:
     from bothy.progress import PlainProgress, TerminalProgress
 
     supervisor = rt.supervisor()
-    await supervisor.recovery.sweep()
+    await supervisor.recover()
     progress = TerminalProgress() if sys.stderr.isatty() else PlainProgress()
     answers = _TerminalAnswers(progress, QuestionBoard(rt.db, clock=rt.clock))
     try:
@@ -141,6 +142,15 @@ def check_profile(name: str | None, cfg: Config) -> str | None:
         known = ", ".join(sorted(cfg.profiles)) or "none are configured"
         raise UsageError(f"--profile {name!r} is not a configured profile ({known})")
     return name
+
+
+def check_ref(ref: str | None, flag: str = "--ref") -> str | None:
+    """A task reference given by a person: one outside the contract is a usage error."""
+    from bothy.engine.cairn import ref_problem
+
+    if ref is not None and (problem := ref_problem(ref)):
+        raise UsageError(f"{flag} {problem}")
+    return ref
 
 
 def _read_prompt(prompt: str) -> str:

@@ -78,6 +78,7 @@ class RunRequest:
     verify: Verification | None = None  # ends the run `verified` or `unverified`
     keep_thread: bool = False  # save the Codex thread so a later run can resume it
     resume_thread: str | None = None  # continue this kept Codex thread (a chat conversation)
+    ref: str | None = None  # the run's task in Cairn (docs/CAIRN.md); checked by the supervisor
 
     @classmethod
     def for_wake(

@@ -24,7 +24,7 @@ import aiosqlite
 
 from bothy.errors import StateCorruptError, StateError
 
-_SCHEMA_VERSION = 6
+_SCHEMA_VERSION = 7
 _BUSY_TIMEOUT_MS = 30_000
 
 _SCHEMA = """
@@ -148,6 +148,12 @@ CREATE TABLE IF NOT EXISTS pollers (
     last_failure  TEXT,
     next_due_us   INTEGER NOT NULL DEFAULT 0,
     polled_us     INTEGER
+);
+CREATE TABLE IF NOT EXISTS task_claims (
+    run_id      TEXT PRIMARY KEY,
+    ref         TEXT NOT NULL,
+    subject     TEXT NOT NULL,
+    claimed_us  INTEGER NOT NULL
 );
 """
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,14 @@ from bothy.config import Config
 from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog
 from bothy.engine.budget import Admitted, BudgetGate, Refused, Ticket
+from bothy.engine.cairn import Cairn, ref_problem
 from bothy.engine.checklist import Checklist
 from bothy.engine.launch import Launch
 from bothy.engine.pool import Waiting, Withdrawn, WorkerPool
 from bothy.engine.prices import PriceTable
 from bothy.engine.procgroup import GroupRecord, process_start_time
 from bothy.engine.questions import QuestionBoard
-from bothy.engine.recovery import Recovery
+from bothy.engine.recovery import Recovered, Recovery
 from bothy.engine.run import (
     Outcome,
     Progress,
@@ -35,6 +37,7 @@ from bothy.engine.run import (
     new_run_id,
 )
 from bothy.engine.state import StateDB
+from bothy.engine.task_link import TaskClaims, TaskLink
 from bothy.engine.toolbox import Asker, RunScope, Toolbox
 from bothy.engine.turn import LiveRun, Turn, TurnStream
 from bothy.engine.verdicts import ApprovalStore
@@ -79,10 +82,18 @@ class Supervisor:
         self.budget = BudgetGate(db, cfg.budget, self._prices, clock=clock)
         self.pool = WorkerPool(db, cfg.pool, clock=clock)
         self.recovery = Recovery(db, audit, clock=clock, grace_s=cfg.limits.stop_grace_s)
+        self._claims = TaskClaims(Cairn(cfg.cairn, cwd=cfg.workspace), db=db, audit=audit,
+                                  clock=clock, site=cfg.site)
         self._threads: dict[str, str] = {}  # run id -> kept Codex thread id
         self._owner_start = process_start_time(os.getpid())
         # Set by the owner (a signal handler) to stop every run of this process gracefully.
         self.stopping = asyncio.Event()
+
+    async def recover(self) -> list[Recovered]:
+        """At start: end what a dead Bothy left behind, then give back the tasks it held."""
+        recovered = await self.recovery.sweep()
+        await self._claims.release_left()
+        return recovered
 
     async def execute(
         self,
@@ -111,16 +122,42 @@ class Supervisor:
             admitted.set()
         shown = progress or SilentProgress()
         shown.admitted(run_id)
+        link = await self._task_link(run_id, request)
         ended = RunEnd(Outcome.FAILED, "the run ended unexpectedly")
         try:
             ended = await self._claim_and_work(run_id, request, decision, shown,
-                                               asker or _Unasked())
+                                               asker or _Unasked(), link)
         except asyncio.CancelledError:
             ended = RunEnd(Outcome.CANCELLED, "bothy was stopped while the run worked")
             raise
         finally:
             result = await asyncio.shield(self._settle(run_id, request.subject, ended))
+            if link is not None:  # the note, then the release: last of all, in every ending
+                await asyncio.shield(link.finish(result.outcome, result.cost_micros,
+                                                 result.answer, result.reason))
         return result
+
+    async def _task_link(self, run_id: str, request: RunRequest) -> TaskLink | None:
+        """The run's tie to its task in Cairn, if it names a valid one (docs/CAIRN.md)."""
+        if request.ref is None:
+            return None
+        if problem := ref_problem(request.ref):
+            await self._claims.refuse_ref(request.ref, problem, run_id=run_id,
+                                          subject=request.subject)
+            return None
+        return self._claims.link(request.ref, run_id=run_id, subject=request.subject)
+
+    async def _take_task(
+        self, run_id: str, request: RunRequest, link: TaskLink
+    ) -> RunRequest | Refused:
+        """Claim the task and put its brief ahead of the prompt; refused if someone holds it."""
+        refusal = await link.claim()
+        if refusal is not None:
+            await self._refused(run_id, request.subject, refusal)
+            return refusal
+        profile = self._cfg.profiles.get(request.profile) if request.profile else None
+        enabled = profile.cairn_brief if profile is not None else True
+        return replace(request, prompt=await link.briefed(request.prompt, enabled=enabled))
 
     async def _received(self, run_id: str, request: RunRequest) -> None:
         await self._audit.record(
@@ -149,7 +186,7 @@ class Supervisor:
 
     async def _claim_and_work(
         self, run_id: str, request: RunRequest, admitted: Admitted, progress: Progress,
-        asker: Asker,
+        asker: Asker, link: TaskLink | None,
     ) -> RunEnd:
         async def between_tries() -> None:
             if self.stopping.is_set():
@@ -162,19 +199,24 @@ class Supervisor:
         )
         if isinstance(claim, Withdrawn):
             return RunEnd(Outcome.CANCELLED, claim.reason)
-        return await self._work(run_id, request, admitted, progress, asker)
+        if link is not None:
+            taken = await self._take_task(run_id, request, link)
+            if isinstance(taken, Refused):
+                return RunEnd(Outcome.REFUSED, taken.sentence())
+            request = taken
+        return await self._work(run_id, request, admitted, progress, asker, link)
 
     def _waiting(self, waiting: Waiting, progress: Progress) -> None:
         progress.waiting(waiting.reason)
 
     async def _work(
         self, run_id: str, request: RunRequest, admitted: Admitted, progress: Progress,
-        asker: Asker,
+        asker: Asker, link: TaskLink | None,
     ) -> RunEnd:
         events: asyncio.Queue[Any] = asyncio.Queue()
         worker = Worker(self._launch, cwd=self._cfg.workspace, events=events)
         deadline = asyncio.get_running_loop().time() + request.wall_clock_s
-        toolbox = self._toolbox(run_id, request, asker, deadline)
+        toolbox = self._toolbox(run_id, request, asker, deadline, link)
         try:
             record = await worker.start()
         except (OSError, ProcessGroupError) as exc:
@@ -212,7 +254,8 @@ class Supervisor:
         )
 
     def _toolbox(
-        self, run_id: str, request: RunRequest, asker: Asker, deadline: float
+        self, run_id: str, request: RunRequest, asker: Asker, deadline: float,
+        link: TaskLink | None,
     ) -> Toolbox:
         profile = self._cfg.profiles.get(request.profile) if request.profile else None
         mcp = None
@@ -239,7 +282,7 @@ class Supervisor:
                          request.can_hold)
         return Toolbox(scope, audit=self._audit, board=self._board, approvals=self._approvals,
                        checklist=self._checklist, mcp=mcp, asker=asker, alerts=self._alerts,
-                       should_stop=should_stop, hold_left_s=hold_left_s)
+                       should_stop=should_stop, hold_left_s=hold_left_s, task=link)
 
     async def _converse(self, run_id: str, live: LiveRun, admitted: Admitted) -> RunEnd:
         request, worker = live.request, live.worker

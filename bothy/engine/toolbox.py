@@ -24,6 +24,7 @@ from bothy.engine.checklist import SPEC as CHECKLIST_SPEC
 from bothy.engine.checklist import Checklist
 from bothy.engine.questions import Answered, QuestionBoard
 from bothy.engine.rpc import ServerRequest
+from bothy.engine.task_link import NOTE_SPEC, TaskLink
 from bothy.engine.verdicts import (
     ApprovalStore,
     NeedsPerson,
@@ -80,6 +81,7 @@ class Toolbox:
         alerts: Alerts,
         should_stop: Callable[[], Awaitable[str | None]],
         hold_left_s: Callable[[], float],
+        task: TaskLink | None = None,
     ) -> None:
         self._scope = scope
         self._audit = audit
@@ -91,6 +93,7 @@ class Toolbox:
         self._alerts = alerts
         self._should_stop = should_stop
         self._hold_left_s = hold_left_s
+        self._task = task  # the run's task in Cairn, for bothy_note
         self.verdicts = VerdictEngine(
             scope.profile_name, scope.profile, approvals,
             trusted=scope.trusted, can_hold=scope.can_hold,
@@ -126,6 +129,8 @@ class Toolbox:
         specs: list[dict[str, Any]] = []
         if self.verdicts.grants("bothy_checklist"):
             specs.append(CHECKLIST_SPEC)
+        if self.verdicts.grants("bothy_note"):
+            specs.append(NOTE_SPEC)
         for tool in self._mcp.tools() if self._mcp else []:
             if self.verdicts.grants(tool.qualified):
                 specs.append({
@@ -198,6 +203,11 @@ class Toolbox:
                 return False, verdict.to_model
             found = await asyncio.to_thread(self._checklist.call, arguments)
             return found.success, found.text
+        if qualified == "bothy_note":
+            verdict = await self._approve(ToolCall(qualified, _brief(arguments), True))
+            if isinstance(verdict, Refuse):
+                return False, verdict.to_model
+            return await self._note(arguments)
         write = hosted is None or not hosted.read_only
         verdict = await self._approve(ToolCall(qualified, _brief(arguments), write))
         if isinstance(verdict, Refuse):
@@ -209,6 +219,16 @@ class Toolbox:
         result = await self._mcp.call(hosted.server, hosted.name, arguments)
         await self._audit_mcp_problems()  # a server lost mid-call is a record, not only an error
         return result.success, result.text
+
+    async def _note(self, arguments: Any) -> tuple[bool, str]:
+        """``bothy_note``: a note on the run's task in Cairn, if the run has one."""
+        if self._task is None:
+            return False, ("This run has no task in Cairn (it was started without a ref):"
+                           " nothing was written.")
+        text = arguments.get("text") if isinstance(arguments, dict) else None
+        if not isinstance(text, str):
+            return False, "bothy_note needs a 'text' string"
+        return await self._task.note_from_model(text)
 
     def _hosted(self, called: str) -> HostedTool | None:
         """The MCP tool a call names, by its offered (flat) name or its qualified name."""
