@@ -687,7 +687,8 @@ async def test_an_unknown_profile_is_a_usage_error_naming_the_configured_ones(
     ("profile", "key", "problem"),
     [
         ({"tools": ["shel"]}, "profiles.p",
-         "tools: unknown tool 'shel' (built-in tools: apply_patch, bothy_checklist, shell;"
+         "tools: unknown tool 'shel' (built-in tools: apply_patch, bothy_checklist, bothy_note,"
+         " shell;"
          " MCP tools are server.tool)"),
         ({"tools": ["bothy_checklist"], "approvals": {"bothy_checklist": "maybe"}},
          "profiles.p.approvals.bothy_checklist",
