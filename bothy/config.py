@@ -225,6 +225,7 @@ class WakeJob(_Section):
     subject: str = Field(default="{route}", min_length=1)  # lane template, e.g. pr:{number}
     profile: str | None = None
     max_usd: Decimal | None = Field(default=None, gt=0)
+    ref: str | None = Field(default=None, min_length=1)  # task in Cairn, e.g. ACME-{issue.number}
 
 
 class WebhookJob(WakeJob):

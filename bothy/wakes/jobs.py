@@ -73,6 +73,16 @@ def render_subject(template: str, payload: dict[str, Any], route_name: str) -> s
     return subject or route_name
 
 
+def render_ref(template: str, payload: dict[str, Any]) -> str:
+    """A job's task ref with ``{dotted.path}`` placeholders filled from the payload as they are:
+    not cleaned up here, so that the supervisor refuses (and records) one that is no ref."""
+    def fill(found: re.Match[str]) -> str:
+        value = lookup(payload, found.group(1))
+        return "" if value is None else str(value)
+
+    return _PLACEHOLDER.sub(fill, template)
+
+
 def render_prompt(
     job: WakeJob,
     payload: dict[str, Any],
