@@ -97,6 +97,7 @@ class RunRequest:
         verify: Verification | None = None,
         keep_thread: bool = False,
         resume_thread: str | None = None,
+        ref: str | None = None,
     ) -> RunRequest:
         """The run a wake asks for, under the configured limits. What a job or schedule asks
         to reserve is capped at ``budget.per_run_usd``, not refused: nobody is there to be told
@@ -108,7 +109,7 @@ class RunRequest:
             wall_clock_s=cfg.limits.wall_clock_s, max_tokens=cfg.limits.max_tokens,
             profile=profile, trusted=trusted, can_hold=can_hold, run_id=run_id,
             wake_details=details, verify=verify, keep_thread=keep_thread,
-            resume_thread=resume_thread,
+            resume_thread=resume_thread, ref=ref,
         )
 
 

@@ -28,7 +28,14 @@ from bothy.home import BothyHome
 from bothy.money import usd_to_micros
 from bothy.wakes import poller, schedules
 from bothy.wakes.inbox import Delivery, WakeRow
-from bothy.wakes.jobs import Ignored, decode_payload, match, render_prompt, render_subject
+from bothy.wakes.jobs import (
+    Ignored,
+    decode_payload,
+    match,
+    render_prompt,
+    render_ref,
+    render_subject,
+)
 
 if TYPE_CHECKING:
     from bothy.engine.toolbox import Asker
@@ -111,6 +118,7 @@ class WebhookJobs(_Unattended):
             profile=job.profile,
             trusted=False,  # a signature authenticates the sender, not the content
             can_hold=False,  # nobody is in a thread to answer: questions decline at once
+            ref=render_ref(job.ref, payload) if job.ref else None,
         )
 
 
@@ -139,6 +147,7 @@ class PollJobs(_Unattended):
             asked_usd_micros=_micros(job.max_usd), profile=job.profile,
             trusted=False,  # whoever wrote what the poll fetched is unknown (rule 6)
             can_hold=False,
+            ref=render_ref(job.ref, payload or {}) if job.ref else None,
         )
 
 
