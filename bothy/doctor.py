@@ -189,8 +189,19 @@ async def check_codex_present(scene: Scene) -> Finding:
 
 
 async def check_cairn(scene: Scene) -> Finding:
-    """Owned by the Cairn ledger's author, who replaces this once the client exists."""
-    return warn("not built yet: the audit log is the whole trace of a run")
+    """`cairn --version` answers within cairn.timeout_s (docs/CAIRN.md). Cairn is optional:
+    when it does not, runs with a ref still work, so this warns and names what is missing."""
+    if missing := scene.needs_config():
+        return missing
+    assert scene.cfg is not None
+    from bothy.engine.cairn import Cairn
+
+    workspace = scene.cfg.workspace
+    cwd = workspace if workspace.is_dir() else scene.home.root
+    problem = await Cairn(scene.cfg.cairn, cwd=cwd).probe()
+    if problem is None:
+        return ok("memory and task ledger")
+    return warn(f"{problem} — runs with --ref go on without a task ledger")
 
 
 async def check_memory_fts5(scene: Scene) -> Finding:

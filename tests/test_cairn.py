@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from bothy.config import CairnConfig
 from bothy.engine.cairn import Brief, Cairn, Claimed, Done, Held, StepFailed, ref_problem
 from tests.fakes.cairn import FakeCairn
+from tests.fakes.site import Site
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -193,3 +194,32 @@ def test_a_cairn_step_waits_ten_seconds_at_most_by_default() -> None:
     assert CairnConfig().command == ["cairn"]
     with pytest.raises(ValidationError):
         CairnConfig(timeout_s=10.5)
+
+
+# --- bothy doctor ---------------------------------------------------------------------
+
+
+async def test_doctor_says_cairn_is_reachable(fake: FakeCairn, tmp_path: Path) -> None:
+    """A Cairn that answers: the page's line, `[ok ] cairn reachable: memory and task ledger`."""
+    site = Site(tmp_path, "http://127.0.0.1:9/v1", cairn={"command": fake.command})
+
+    done = await site.bothy("doctor")
+
+    assert "[ok ] cairn reachable: memory and task ledger\n" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(("cairn", "problem"), [
+    (["cairn-not-installed-here"], "cairn command 'cairn-not-installed-here' not found on PATH"),
+    ([sys.executable, "-c", "import sys; sys.exit('no ledger here')"],
+     "cairn probe exited with code 1: no ledger here"),
+])
+async def test_doctor_warns_naming_what_is_missing(
+    tmp_path: Path, cairn: list[str], problem: str
+) -> None:
+    """Cairn missing or failing is a warning naming why, never a failure: it is optional."""
+    site = Site(tmp_path, "http://127.0.0.1:9/v1", cairn={"command": cairn})
+
+    done = await site.bothy("doctor")
+
+    assert (f"[warn] cairn reachable: {problem} — runs with --ref go on without a task"
+            " ledger\n") in done.stdout, done.stdout
