@@ -67,8 +67,10 @@ class TaskLink:
     async def claim(self) -> Refused | None:
         """Claim the task; a refusal at gate 'cairn' if someone else holds it, else None."""
         await self._claims.remember(self._run_id, self.ref, self._subject)
+        self._may_hold = True  # from here on (a stop mid-claim included) the end releases
         answer = await self._claims.cairn.claim(self.ref, self._run_id)
         if isinstance(answer, Held):
+            self._may_hold = False  # never release a task someone else holds
             await self._claims.forget(self._run_id)
             return Refused("cairn", f"task {self.ref} is held by {answer.holder}",
                            {"ref": self.ref, "holder": answer.holder})
