@@ -64,23 +64,30 @@ class Price(_Section):
     output_per_mtok: Decimal = Field(ge=0)
 
 
-class BudgetConfig(_Section):
-    """Money: what one run and one day may spend, and what tokens cost."""
+# In plan mode the dollar keys are optional and ignored (doctor says so); these stand in for
+# them, so that code sizing a dollar reservation never meets a missing value.
+PLAN_MODE_IGNORED_USD = Decimal("1000000")
 
-    mode: Literal["api"] = "api"
+
+class BudgetConfig(_Section):
+    """What runs may spend: dollars (mode 'api') or a share of the plan's rate-limit windows
+    (mode 'plan', for a ChatGPT plan whose limit is a window, not money)."""
+
+    mode: Literal["api", "plan"] = "api"
     per_run_usd: Decimal = Field(gt=0)
     per_day_usd: Decimal = Field(gt=0)
     prices: dict[str, Price] = Field(default_factory=dict)
     timezone: str = "UTC"
     reservation_expiry_s: int = Field(default=3600, ge=60, le=7 * 86400)
+    plan_ceiling_percent: int = Field(default=85, gt=0, le=100)
+    plan_reserve_percent: int = Field(default=2, gt=0, lt=100)
 
-    @field_validator("mode", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _plan_not_built(cls, value: object) -> object:
-        if value == "plan":
-            raise ValueError(
-                "'plan' mode (gating on Codex rate-limit windows) is not built yet; use 'api'"
-            )
+    def _dollars_optional_in_plan_mode(cls, value: object) -> object:
+        if isinstance(value, dict) and value.get("mode") == "plan":
+            value = {"per_run_usd": PLAN_MODE_IGNORED_USD,
+                     "per_day_usd": PLAN_MODE_IGNORED_USD, **value}
         return value
 
     @field_validator("timezone")
@@ -97,6 +104,11 @@ class BudgetConfig(_Section):
         if self.per_run_usd > self.per_day_usd:
             raise ValueError(
                 f"per_run_usd ({self.per_run_usd}) is larger than per_day_usd ({self.per_day_usd})"
+            )
+        if self.plan_reserve_percent >= self.plan_ceiling_percent:
+            raise ValueError(
+                f"plan_reserve_percent ({self.plan_reserve_percent}) must be smaller than"
+                f" plan_ceiling_percent ({self.plan_ceiling_percent})"
             )
         return self
 

@@ -111,7 +111,8 @@ _BAD_CONFIGS: dict[str, tuple[str | None, list[str]]] = {
     "unknown key": (
         json.dumps(with_budget(per_ran_usd=0.5)),
         ["1 problem:", "budget.per_ran_usd: unknown key",
-         "allowed here: mode, per_day_usd, per_run_usd, prices, reservation_expiry_s, timezone"],
+         "allowed here: mode, per_day_usd, per_run_usd, plan_ceiling_percent,"
+         " plan_reserve_percent, prices, reservation_expiry_s, timezone"],
     ),
     "misspelt key": (
         json.dumps({**MINIMAL, "budget": {"mode": "api", "per_ran_usd": 0.5, "per_day_usd": 25}}),
@@ -126,9 +127,19 @@ _BAD_CONFIGS: dict[str, tuple[str | None, list[str]]] = {
         json.dumps(with_budget(per_run_usd=50, per_day_usd=25)),
         ["1 problem:", "budget: per_run_usd (50) is larger than per_day_usd (25)"],
     ),
-    "plan mode": (
-        json.dumps(with_budget(mode="plan")),
-        ["1 problem:", "budget.mode: 'plan' mode", "is not built yet; use 'api'"],
+    "plan reserve not below ceiling": (
+        json.dumps({**MINIMAL, "budget": {"mode": "plan", "plan_ceiling_percent": 10,
+                                          "plan_reserve_percent": 10}}),
+        ["1 problem:", "budget: plan_reserve_percent (10) must be smaller than"
+         " plan_ceiling_percent (10)"],
+    ),
+    "plan ceiling above 100": (
+        json.dumps({**MINIMAL, "budget": {"mode": "plan", "plan_ceiling_percent": 101}}),
+        ["1 problem:", "budget.plan_ceiling_percent: Input should be less than or equal to 100"],
+    ),
+    "plan reserve of 0": (
+        json.dumps({**MINIMAL, "budget": {"mode": "plan", "plan_reserve_percent": 0}}),
+        ["1 problem:", "budget.plan_reserve_percent: Input should be greater than 0"],
     ),
     "unknown timezone": (
         json.dumps(with_budget(timezone="Mars/Olympus_Mons")),

@@ -13,14 +13,17 @@ of life. All money is integer micro-dollars.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from bothy.clock import Clock, to_us
 from bothy.config import BudgetConfig, Price
 from bothy.engine.prices import PriceTable
 from bothy.engine.state import StateDB
+from bothy.engine.windows import WindowStore
 from bothy.money import format_usd, usd_to_micros
 
 
@@ -46,6 +49,9 @@ class Admitted:
     used_micros: int
     already_reserved_micros: int
     ceiling_micros: int
+    # Set by the plan gate: what the audit record shows instead of the dollar figures.
+    figures: dict[str, str] = field(default_factory=dict)
+    learning: bool = False  # admitted, with no window known, to learn the plan's windows
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class Settlement:
     cost_micros: int
     reserved_micros: int
     released_micros: int
+    figures: dict[str, str] = field(default_factory=dict)  # the plan gate's, as above
 
 
 @dataclass(frozen=True)
@@ -108,33 +115,22 @@ class BudgetGate:
             figures={"model": model},
         )
 
-    async def admit(self, ticket: Ticket) -> Admitted | Refused:
-        """Reserve the ticket's worst case, or refuse with every figure."""
+    async def admit(
+        self, ticket: Ticket, *, on_wait: Callable[[str], None] | None = None
+    ) -> Admitted | Refused:
+        """Reserve the ticket's worst case, or refuse with every figure.
+
+        ``on_wait`` is told why admission waits, when it does (the plan gate's learner).
+        """
         if ticket.model is not None and isinstance(price := self.price(ticket.model), Refused):
             return price
         now = self._clock()
-        now_us = to_us(now)
         async with self._db.transaction():
             summary = await self._summary(now)
             total = summary.used_micros + summary.reserved_micros + ticket.requested_micros
             if total > self.ceiling_micros:
                 return _over_ceiling(summary, ticket.requested_micros, total)
-            await self._db.execute(
-                "INSERT INTO runs (run_id, subject, source, status, reserved_micros, model,"
-                " admitted_us, expires_us, owner_pid, owner_start)"
-                " VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?)",
-                (
-                    ticket.run_id,
-                    ticket.subject,
-                    ticket.source,
-                    ticket.requested_micros,
-                    ticket.model,
-                    now_us,
-                    now_us + self._cfg.reservation_expiry_s * 1_000_000,
-                    ticket.owner_pid,
-                    ticket.owner_start,
-                ),
-            )
+            await self._insert_run(ticket, ticket.requested_micros, to_us(now))
         return Admitted(
             run_id=ticket.run_id,
             reserved_micros=ticket.requested_micros,
@@ -142,6 +138,34 @@ class BudgetGate:
             already_reserved_micros=summary.reserved_micros,
             ceiling_micros=self.ceiling_micros,
         )
+
+    async def _insert_run(self, ticket: Ticket, reserved_micros: int, now_us: int) -> None:
+        """The run's row, queued (call inside the admitting transaction)."""
+        await self._db.execute(
+            "INSERT INTO runs (run_id, subject, source, status, reserved_micros, model,"
+            " admitted_us, expires_us, owner_pid, owner_start)"
+            " VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?)",
+            (
+                ticket.run_id,
+                ticket.subject,
+                ticket.source,
+                reserved_micros,
+                ticket.model,
+                now_us,
+                now_us + self._cfg.reservation_expiry_s * 1_000_000,
+                ticket.owner_pid,
+                ticket.owner_start,
+            ),
+        )
+
+    async def observe(self, run_id: str, params: dict[str, Any]) -> str | None:
+        """Codex reported rate limits (``account/rateLimits/updated``): keep the windows.
+
+        Return why the run must stop, if it must; in mode 'api' the windows are only kept
+        (``bothy status`` shows them) and never stop a run.
+        """
+        await WindowStore(self._db, clock=self._clock).record(run_id, params)
+        return None
 
     async def fill(self, run_id: str, cost_micros: int, tokens: int) -> int:
         """Record the run's measured cost so far; return it. Increments land on today."""

@@ -24,7 +24,7 @@ import aiosqlite
 
 from bothy.errors import StateCorruptError, StateError
 
-_SCHEMA_VERSION = 7
+_SCHEMA_VERSION = 8
 _BUSY_TIMEOUT_MS = 30_000
 
 _SCHEMA = """
@@ -154,6 +154,21 @@ CREATE TABLE IF NOT EXISTS task_claims (
     ref         TEXT NOT NULL,
     subject     TEXT NOT NULL,
     claimed_us  INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS plan_windows (
+    name          TEXT PRIMARY KEY CHECK (name IN ('primary', 'secondary')),
+    used_percent  INTEGER NOT NULL,
+    window_mins   INTEGER,
+    resets_at_us  INTEGER,
+    seen_us       INTEGER NOT NULL,
+    run_id        TEXT
+);
+CREATE TABLE IF NOT EXISTS plan_reservations (
+    run_id             TEXT PRIMARY KEY,
+    percent            INTEGER NOT NULL,
+    learning           INTEGER NOT NULL DEFAULT 0,
+    primary_at_admit   INTEGER,
+    secondary_at_admit INTEGER
 );
 """
 
