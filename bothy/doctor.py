@@ -319,6 +319,8 @@ async def check_prices(scene: Scene) -> Finding:
         return missing
     assert scene.cfg is not None
     model = scene.cfg.codex.model
+    if scene.cfg.budget.mode == "plan":
+        return ok("not used: budget mode 'plan' gates on rate-limit windows, not dollars")
     if model is None:
         return warn("codex.model is not set: a run whose model has no price in budget.prices"
                     " is refused at gate 'budget'")
@@ -328,7 +330,29 @@ async def check_prices(scene: Scene) -> Finding:
 
 
 async def check_budget_mode(scene: Scene) -> Finding:
-    return warn("not built yet: budgets gate on USD (mode 'api') only")
+    """Mode 'plan' gates on the windows Codex reports: fails if it learnt there are none."""
+    if missing := scene.needs_config():
+        return missing
+    assert scene.cfg is not None
+    budget = scene.cfg.budget
+    if budget.mode == "api":
+        return ok(f"mode 'api': runs gate on USD ({budget.per_day_usd} a day)")
+    if scene.state_problem:
+        return fail(f"needs the state directory: {scene.state_problem}")
+    from bothy.clock import utc_now
+    from bothy.engine.plan import PlanGate
+    from bothy.engine.state import StateDB
+
+    async with StateDB.open(scene.home.db_path) as db:
+        gate = PlanGate(db, budget, PriceTable(budget.prices), clock=utc_now)
+        unknown, windows = await gate.unknown(), await gate.windows()
+    ignored = "per_run_usd, per_day_usd and prices are ignored"
+    head = (f"mode 'plan' (ceiling {budget.plan_ceiling_percent}%,"
+            f" {budget.plan_reserve_percent}% reserved per run; {ignored})")
+    if unknown is not None:
+        return (fail if unknown.refusing else warn)(f"{head}: window unknown: {unknown.reason}")
+    seen = ", ".join(f"{name} {window.used_percent}% used" for name, window in windows.items())
+    return ok(f"{head}: {seen}")
 
 
 MORE_CHECKS: tuple[tuple[str, CheckFn], ...] = (
@@ -336,5 +360,5 @@ MORE_CHECKS: tuple[tuple[str, CheckFn], ...] = (
     ("workspace", check_workspace),
     ("codex home", check_codex_home),
     ("prices", check_prices),
-    ("budget plan mode", check_budget_mode),
+    ("budget mode", check_budget_mode),
 )

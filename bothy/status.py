@@ -35,6 +35,9 @@ class StatusView:
     timezone: str
     ceiling_micros: int
     max_workers: int
+    budget_mode: str = "api"
+    plan_ceiling_percent: int = 0
+    plan_reserve_percent: int = 0
 
 
 def status_view(home: BothyHome) -> StatusView:
@@ -57,7 +60,8 @@ def _validate(home: BothyHome, stamp: Any) -> StatusView:
     raw = home.config_path.read_bytes() if home.config_path.exists() else b""
     cfg = load_config(home.config_path)
     view = StatusView(cfg.site, cfg.budget.timezone, usd_to_micros(cfg.budget.per_day_usd),
-                      cfg.pool.max_workers)
+                      cfg.pool.max_workers, cfg.budget.mode, cfg.budget.plan_ceiling_percent,
+                      cfg.budget.plan_reserve_percent)
     if home.state_dir.is_dir():
         record = {"sha256": hashlib.sha256(raw).hexdigest(), "view": asdict(view)}
         with contextlib.suppress(OSError):  # the stamp only saves time; never fail status on it
@@ -88,6 +92,10 @@ def _collect(home: BothyHome, view: StatusView, now: datetime) -> dict[str, Any]
         "schedules": [],
         "serve": "not running",
         "chat": {},
+        "budget_mode": view.budget_mode,
+        "plan": {"ceiling_percent": view.plan_ceiling_percent,
+                 "reserve_percent": view.plan_reserve_percent, "reserved_percent": 0,
+                 "windows": []},
     }
     _serve(home, report)
     if not home.db_path.exists():
@@ -97,6 +105,7 @@ def _collect(home: BothyHome, view: StatusView, now: datetime) -> dict[str, Any]
     db.row_factory = sqlite3.Row
     try:
         _fill(db, report, day, to_us(now), zone)
+        _plan(db, report, now, zone)
         report["held_questions"] = _held_questions(db, zone, to_us(now))
         report["wakes_waiting"] = _wakes_waiting(db, zone)
         report["schedules"] = _schedules(db, zone, to_us(now))
@@ -134,6 +143,33 @@ def _fill(
                 "expires_at": minute_iso(row["expires_us"], zone),
             })
     report["reserved_usd"] = format_usd(reserved, 4)
+
+
+def _plan(db: sqlite3.Connection, report: dict[str, Any], now: datetime, zone: ZoneInfo) -> None:
+    """The rate-limit windows last seen, aged as the plan gate ages them (bothy.engine.windows:
+    a window past its reset counts as reset), and the open plan reservations."""
+    try:
+        rows = db.execute("SELECT * FROM plan_windows ORDER BY name").fetchall()
+        reserved = db.execute(
+            "SELECT COALESCE(SUM(p.percent), 0) FROM plan_reservations p JOIN runs r"
+            " USING (run_id) WHERE (r.status IN ('queued', 'running') OR r.crashed = 1)"
+            " AND r.expires_us > ?", (to_us(now),)).fetchone()[0]
+    except sqlite3.OperationalError:  # a database from before plan mode: nothing seen yet
+        return
+    report["plan"]["reserved_percent"] = int(reserved)
+    now_us = to_us(now)
+    for row in rows:
+        resets_us, length = row["resets_at_us"], row["window_mins"]
+        used = row["used_percent"]
+        if (resets_us is not None and resets_us <= now_us) or (
+                resets_us is None and length is not None
+                and row["seen_us"] + length * 60_000_000 <= now_us):
+            used, resets_us = 0, None
+        report["plan"]["windows"].append({
+            "name": row["name"], "used_percent": used, "window_mins": length,
+            "seen_s_ago": round((now_us - row["seen_us"]) / 1e6),
+            "resets_at": _local(resets_us, zone),
+        })
 
 
 def _schedules(db: sqlite3.Connection, zone: ZoneInfo, now_us: int) -> list[dict[str, Any]]:
@@ -235,8 +271,7 @@ def _same_process(pid: int, start: object) -> bool:
 def render_status(report: dict[str, Any]) -> str:
     lines = [
         f"site {report['site']} · {report['day']} ({report['timezone']})",
-        f"spend today: {report['used_usd']} usd used, {report['reserved_usd']} usd reserved,"
-        f" ceiling {report['ceiling_usd']} usd",
+        *_budget_lines(report),
         f"running: {len(report['running'])} of {report['max_workers']} workers",
     ]
     for run in report["running"]:
@@ -273,3 +308,23 @@ def render_status(report: dict[str, Any]) -> str:
     shown = ", ".join(f"{name} {state}" for name, state in chat.items()) or "none"
     lines.append(f"chat connections: {shown}")
     return "\n".join(lines)
+
+
+def _budget_lines(report: dict[str, Any]) -> list[str]:
+    """Dollars in mode 'api'; in mode 'plan' the windows, their age and reset times."""
+    plan = report["plan"]
+    lines = []
+    if report["budget_mode"] == "plan":
+        lines.append(f"plan: ceiling {plan['ceiling_percent']}%, {plan['reserve_percent']}%"
+                     f" reserved per run, {plan['reserved_percent']}% reserved now")
+    else:
+        lines.append(f"spend today: {report['used_usd']} usd used, {report['reserved_usd']} usd"
+                     f" reserved, ceiling {report['ceiling_usd']} usd")
+    for window in plan["windows"]:
+        length = f"{window['window_mins']} min window" if window["window_mins"] else "window"
+        resets = f"resets {window['resets_at']}" if window["resets_at"] else "reset unknown"
+        lines.append(f"  {window['name']} {length}: {window['used_percent']}% used,"
+                     f" seen {window['seen_s_ago']} s ago, {resets}")
+    if report["budget_mode"] == "plan" and not plan["windows"]:
+        lines.append("  no rate-limit window seen yet (the next run learns them)")
+    return lines
