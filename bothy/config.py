@@ -137,6 +137,7 @@ class LimitsConfig(_Section):
 
     wall_clock_s: int = Field(default=1800, ge=1, le=86400)
     max_tokens: int | None = Field(default=None, ge=1)
+    max_turns: int | None = Field(default=None, ge=1)  # tool calls a run may make
     stop_grace_s: float = Field(default=5.0, gt=0, le=120)
 
 
@@ -185,6 +186,15 @@ class ProfileConfig(_Section):
     question_hold_seconds: int = Field(default=120, ge=0, le=86400)
     allow_from_untrusted: bool = False
     cairn_brief: bool = True  # a run with --ref reads its task's brief from Cairn first
+
+    @field_validator("skills")
+    @classmethod
+    def _absolute_skills(cls, roots: list[Path]) -> list[Path]:
+        for root in roots:
+            if not root.is_absolute():
+                raise ValueError(f"skill path '{root}' is relative: Codex needs absolute paths"
+                                 " (write it from /)")
+        return roots
 
     @model_validator(mode="after")
     def _known_tools(self) -> ProfileConfig:
