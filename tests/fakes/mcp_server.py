@@ -7,7 +7,8 @@ Run as ``python tests/fakes/mcp_server.py [mode]``. Tools:
   line to the file named by ``$FAKE_MCP_OUTBOX``, so a test sees what was really sent;
 * ``environment()`` — read-only: the server's whole environment, as JSON;
 * ``snapshot()`` — read-only: a text item and a small PNG image;
-* ``fail(reason)`` — an MCP error result (``isError``) carrying the reason.
+* ``fail(reason)`` — an MCP error result (``isError``) carrying the reason;
+* ``dump(chars)`` — read-only: ``chars`` characters of digits (a result too big to pass on).
 
 Modes, each a fault Bothy must survive:
 
@@ -78,6 +79,10 @@ def _build(mode: str, wire_fd: int) -> MCPServer:
     @server.tool(description="Always fails.", structured_output=False)
     def fail(reason: str) -> str:
         raise ToolError(reason)
+
+    @server.tool(description="A long read.", annotations=_READ_ONLY, structured_output=False)
+    def dump(chars: int) -> str:
+        return ("0123456789" * (chars // 10 + 1))[:chars]
 
     return server
 
