@@ -122,7 +122,7 @@ async def test_five_concurrent_runs_on_a_nearly_spent_window_admit_three_and_ref
         assert "plan: ceiling 85%, 2% reserved per run, 6% reserved now\n" in status.stdout
         assert "  primary 300 min window: 78% used, seen " in status.stdout
         assert "  secondary 10080 min window: 40% used, seen " in status.stdout
-        for run, run_id in admitted:
+        for _run, run_id in admitted:
             await shell.bothy("cancel", run_id)
         for run, _ in admitted:
             assert (await run.finish()).code == 5
@@ -135,7 +135,7 @@ async def test_a_fresh_site_learns_the_windows_and_later_runs_settle_at_the_obse
 ) -> None:
     """No window known: the first run is admitted to learn them (audited); the next run, a new
     process, is gated on what it learnt and settles at the change it saw."""
-    reset_at, resets = _reset_in(7200)
+    reset_at, _ = _reset_in(7200)
     server.script(text("learnt", rate_limits=_limits(40, 10, reset_at=reset_at)),
                   text("again", rate_limits=_limits(43, 11, reset_at=reset_at)))
     site = _plan_site(tmp_path, server.base_url)
