@@ -197,11 +197,17 @@ async def test_runs_behind_the_learner_wait_and_are_refused_if_it_learnt_nothing
 async def test_a_window_crossing_the_ceiling_mid_run_stops_it(
     server: ModelServer, tmp_path: Path
 ) -> None:
-    """The model's second response reports 90% against an 85% ceiling: budget_limit, exit 4."""
+    """The model's second response reports 90% against an 85% ceiling: budget_limit, exit 4.
+
+    Codex reports a response's rate limits once the response is complete (observed: not when
+    its headers arrive), so the crossing is seen after the second tool call is asked for.
+    """
     reset_at, resets = _reset_in(1800)
-    server.script(tool_call("exec_command", {"cmd": "echo hi"},
+    server.script(tool_call("exec_command", {"cmd": "echo one"},
                             rate_limits=_limits(80, reset_at=reset_at)),
-                  stall(rate_limits=_limits(90, reset_at=reset_at)))
+                  tool_call("exec_command", {"cmd": "echo two"},
+                            rate_limits=_limits(90, reset_at=reset_at)),
+                  text("never asked for"))
     site = _plan_site(tmp_path, server.base_url)
     await _seed_windows(site, 70, 20, reset_at)
 
@@ -212,3 +218,5 @@ async def test_a_window_crossing_the_ceiling_mid_run_stops_it(
     assert (outcome, reason) == (
         "budget_limit", f"primary window at 90% crossed the 85% ceiling ({resets})\n")
     assert _events(site, run_id)[-1] == ("run", "finished", "budget_limit")
+    status = await site.bothy("status")
+    assert "  primary 300 min window: 90% used, seen " in status.stdout

@@ -86,6 +86,9 @@ class DaySummary:
 class BudgetGate:
     """Admission by money, shared by every Bothy process through the state database."""
 
+    # A run's measured cost is held against its dollar reservation (not in plan mode).
+    reserves_dollars = True
+
     def __init__(
         self, db: StateDB, cfg: BudgetConfig, prices: PriceTable, *, clock: Clock
     ) -> None:

@@ -58,6 +58,8 @@ class Unknown:
 class PlanGate(BudgetGate):
     """Admission by the plan's rate-limit windows, shared through the state database."""
 
+    reserves_dollars = False
+
     def __init__(
         self, db: StateDB, cfg: BudgetConfig, prices: PriceTable, *, clock: Clock
     ) -> None:

@@ -34,6 +34,7 @@ class Outcome(enum.StrEnum):
     TIMED_OUT = "timed_out"
     TOKEN_LIMIT = "token_limit"
     BUDGET_LIMIT = "budget_limit"
+    TURN_LIMIT = "turn_limit"  # limits.max_turns: the tool call past the cap was stopped
     CANCELLED = "cancelled"
 
     @property
@@ -56,6 +57,7 @@ _EXIT = {
     Outcome.TIMED_OUT: ExitCode.LIMIT,
     Outcome.TOKEN_LIMIT: ExitCode.LIMIT,
     Outcome.BUDGET_LIMIT: ExitCode.LIMIT,
+    Outcome.TURN_LIMIT: ExitCode.LIMIT,
     Outcome.CANCELLED: ExitCode.CANCELLED,
 }
 

@@ -22,6 +22,7 @@ from bothy.engine.budget import Admitted, BudgetGate, Refused, Ticket
 from bothy.engine.cairn import Cairn, ref_problem
 from bothy.engine.checklist import Checklist
 from bothy.engine.launch import Launch
+from bothy.engine.plan import budget_gate
 from bothy.engine.pool import Waiting, Withdrawn, WorkerPool
 from bothy.engine.prices import PriceTable
 from bothy.engine.procgroup import GroupRecord, process_start_time
@@ -79,7 +80,7 @@ class Supervisor:
         self._launch = launch
         self._clock = clock
         self._prices = PriceTable(cfg.budget.prices)
-        self.budget = BudgetGate(db, cfg.budget, self._prices, clock=clock)
+        self.budget: BudgetGate = budget_gate(db, cfg.budget, self._prices, clock=clock)
         self.pool = WorkerPool(db, cfg.pool, clock=clock)
         self.recovery = Recovery(db, audit, clock=clock, grace_s=cfg.limits.stop_grace_s)
         self._claims = TaskClaims(Cairn(cfg.cairn, cwd=cfg.workspace), db=db, audit=audit,
@@ -110,9 +111,11 @@ class Supervisor:
         in arrival order waits for it, or for the refusal that ends the run)."""
         run_id = request.run_id or new_run_id(self._clock)
         await self._received(run_id, request)
+        shown = progress or SilentProgress()
         decision = await self.budget.admit(
             Ticket(run_id, request.subject, request.source, request.max_usd_micros,
-                   os.getpid(), self._owner_start, self._cfg.codex.model)
+                   os.getpid(), self._owner_start, self._cfg.codex.model),
+            on_wait=shown.waiting,
         )
         if isinstance(decision, Refused):
             await self._refused(run_id, request.subject, decision)
@@ -120,7 +123,6 @@ class Supervisor:
         await self._admitted(run_id, request.subject, decision)
         if admitted is not None:
             admitted.set()
-        shown = progress or SilentProgress()
         shown.admitted(run_id)
         link = await self._task_link(run_id, request)
         ended = RunEnd(Outcome.FAILED, "the run ended unexpectedly")
@@ -174,15 +176,21 @@ class Supervisor:
         )
 
     async def _admitted(self, run_id: str, subject: str, admitted: Admitted) -> None:
-        await self._audit.record(
-            "run", "admitted", "ok", subject=subject, run_id=run_id,
-            details={
-                "reserved_usd": format_usd(admitted.reserved_micros, 6),
-                "used_usd": format_usd(admitted.used_micros, 6),
-                "already_reserved_usd": format_usd(admitted.already_reserved_micros, 6),
-                "ceiling_usd": format_usd(admitted.ceiling_micros, 6),
-            },
-        )
+        # The plan gate's figures are percents of the rate-limit windows, not dollars.
+        details = admitted.figures or {
+            "reserved_usd": format_usd(admitted.reserved_micros, 6),
+            "used_usd": format_usd(admitted.used_micros, 6),
+            "already_reserved_usd": format_usd(admitted.already_reserved_micros, 6),
+            "ceiling_usd": format_usd(admitted.ceiling_micros, 6),
+        }
+        await self._audit.record("run", "admitted", "ok", subject=subject, run_id=run_id,
+                                 details=details)
+        if admitted.learning:
+            await self._audit.record(
+                "plan", "window", "unknown", subject=subject, run_id=run_id,
+                details={"why": "no rate-limit window is known yet: this run is admitted to"
+                                " learn them, and runs behind it wait for what it learns"},
+            )
 
     async def _claim_and_work(
         self, run_id: str, request: RunRequest, admitted: Admitted, progress: Progress,
@@ -391,7 +399,8 @@ class Supervisor:
             "budget", "settled", "ok", subject=subject, run_id=run_id,
             details={"cost_usd": format_usd(settlement.cost_micros, 6),
                      "reserved_usd": format_usd(settlement.reserved_micros, 6),
-                     "released_usd": format_usd(settlement.released_micros, 6)},
+                     "released_usd": format_usd(settlement.released_micros, 6),
+                     **settlement.figures},
         )
         await self._audit.record(
             "run", "finished", ended.outcome, subject=subject, run_id=run_id,

@@ -159,6 +159,9 @@ class TurnStream:
                 turn.text = str(item.get("text", ""))
         elif note.method == "thread/tokenUsage/updated":
             return await self._measure(turn, params)
+        elif note.method == "account/rateLimits/updated":
+            stop = await self._budget.observe(turn.run_id, params)
+            return _Stop(Outcome.BUDGET_LIMIT, stop) if stop else None
         elif note.method == "error":
             error = params.get("error") or {}
             if not params.get("willRetry"):
@@ -182,7 +185,7 @@ class TurnStream:
         if request.max_tokens is not None and usage.total_tokens > request.max_tokens:
             return _Stop(Outcome.TOKEN_LIMIT,
                          f"used {usage.total_tokens} tokens, limit {request.max_tokens}")
-        if turn.cost_micros >= turn.reserved_micros:
+        if self._budget.reserves_dollars and turn.cost_micros >= turn.reserved_micros:
             return _Stop(
                 Outcome.BUDGET_LIMIT,
                 f"spent {format_usd(turn.cost_micros, 4)} usd of its "
