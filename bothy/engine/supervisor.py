@@ -310,7 +310,7 @@ class Supervisor:
         turn = Turn(run_id, request.subject, thread.thread_id, turn_id, price,
                     admitted.reserved_micros)
         stream = TurnStream(live, budget=self.budget, prices=self._prices, pool=self.pool,
-                            stopping=self.stopping)
+                            stopping=self.stopping, max_turns=self._cfg.limits.max_turns)
         async with stream.watched(run_id):
             ended = await stream.follow(turn)
             if request.verify is None or ended.outcome is not Outcome.COMPLETED:

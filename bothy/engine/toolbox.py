@@ -37,6 +37,8 @@ from bothy.engine.verdicts import (
 if TYPE_CHECKING:  # the MCP SDK takes half a second to import: only runs that use it pay
     from bothy.engine.mcp import HostedTool, McpHost, McpProblem
 
+# What a tool result may carry to the model; the rest is cut with a marker (see _cut).
+TOOL_RESULT_MAX_CHARS = 100_000
 NO_ANSWER = "No answer is coming: nobody can be asked from this run. Continue without it."
 
 
@@ -156,7 +158,7 @@ class Toolbox:
                 success, text = await self._call(params)
                 await worker.respond(request.request_id, {
                     "success": success,
-                    "contentItems": [{"type": "inputText", "text": text}],
+                    "contentItems": [{"type": "inputText", "text": _cut(text)}],
                 })
             case "item/tool/requestUserInput":
                 await worker.respond(request.request_id, await self._user_input(params))
@@ -179,6 +181,21 @@ class Toolbox:
                 await worker.respond_error(
                     request.request_id, -32601, f"Bothy does not support {request.method!r}"
                 )
+
+    async def decline(self, request: ServerRequest, worker: Responder, reason: str) -> None:
+        """Refuse a tool request past the run's turn cap (``limits.max_turns``), audited."""
+        await self._record("tool", "refused", "refused",
+                           {"tool": _requested_tool(request), "code": "turn_limit",
+                            "reason": reason})
+        if request.method == "item/tool/call":
+            await worker.respond(request.request_id, {
+                "success": False,
+                "contentItems": [{"type": "inputText", "text": f"Not run: {reason}."}],
+            })
+        elif request.method == "item/permissions/requestApproval":
+            await worker.respond(request.request_id, {"permissions": {}})
+        else:
+            await worker.respond(request.request_id, {"decision": "decline"})
 
     async def _approve(self, call: ToolCall) -> Proceed | Refuse:
         verdict = await self.verdicts.decide(call)
@@ -302,6 +319,23 @@ class Toolbox:
 def flat_name(tool: HostedTool) -> str:
     """The function name an MCP tool is offered under: model APIs allow no dots in names."""
     return f"{tool.server}__{tool.name}"
+
+
+def _requested_tool(request: ServerRequest) -> str:
+    """The tool a request is about, as verdicts name it."""
+    if request.method == "item/tool/call":
+        return str(request.params.get("tool") or "?")
+    return {"item/commandExecution/requestApproval": "shell",
+            "item/fileChange/requestApproval": "apply_patch"}.get(request.method, request.method)
+
+
+def _cut(text: str) -> str:
+    """A tool result the model can take: above the cap, cut with a marker that says so (an MCP
+    result may be as large as a frame, 16 MiB)."""
+    if len(text) <= TOOL_RESULT_MAX_CHARS:
+        return text
+    dropped = len(text) - TOOL_RESULT_MAX_CHARS
+    return text[:TOOL_RESULT_MAX_CHARS] + f"\n[truncated by bothy: {dropped} more characters]"
 
 
 def _decision(verdict: Proceed | Refuse) -> dict[str, str]:

@@ -22,6 +22,7 @@ from bothy.engine.prices import PriceTable, TokenUsage
 from bothy.engine.rpc import ConnectionLost, Notification, ServerRequest
 from bothy.engine.run import Outcome, Progress, RunEnd, RunRequest
 from bothy.engine.toolbox import Toolbox
+from bothy.engine.turncap import TurnCap
 from bothy.engine.worker import Worker
 from bothy.errors import RpcProtocolError
 from bothy.money import format_usd
@@ -78,8 +79,10 @@ class TurnStream:
         prices: PriceTable,
         pool: WorkerPool,
         stopping: asyncio.Event,
+        max_turns: int | None = None,
     ) -> None:
         self._live = live
+        self._cap = TurnCap(max_turns)  # one per run: the turns of a verify loop count too
         self._budget = budget
         self._prices = prices
         self._pool = pool
@@ -133,6 +136,10 @@ class TurnStream:
                 reason = f"the app-server {what} mid-turn: {item.error}"
                 return RunEnd(Outcome.FAILED, worker.failure(reason), turn.text)
             if isinstance(item, ServerRequest):
+                if over := self._cap.request(item.method, item.params):
+                    await live.toolbox.decline(item, worker, over.reason())
+                    await worker.interrupt(turn.thread_id, turn.turn_id)
+                    return RunEnd(Outcome.TURN_LIMIT, over.reason(), turn.text)
                 await live.toolbox.handle(item, worker)
                 if self._stopping.is_set():
                     # A stop that ended a held question must stop the run now: the watcher's
@@ -140,6 +147,12 @@ class TurnStream:
                     await worker.interrupt(turn.thread_id, turn.turn_id)
                     return RunEnd(Outcome.CANCELLED, "bothy received a stop signal", turn.text)
                 continue
+            if item.method == "item/started":
+                self._cap.started(item.params)
+            elif over := self._cap.notice(item.method):
+                # The tool call past the cap runs inside Codex, asking nobody: stop the turn.
+                await worker.interrupt(turn.thread_id, turn.turn_id)
+                return RunEnd(Outcome.TURN_LIMIT, over.reason(), turn.text)
             ended = await self._notice(turn, item)
             if isinstance(ended, _Stop):
                 # A limit crossed is acted on at once, ahead of anything queued behind it
