@@ -27,6 +27,7 @@ READS: dict[tuple[Kind, str], tuple[str, ...]] = {
     ("response", "turn/interrupt"): (),
     ("response", "skills/extraRoots/set"): (),
     ("notification", "item/agentMessage/delta"): ("delta",),
+    ("notification", "thread/status/changed"): (),  # the turn cap only notes that it came
     ("notification", "item/started"): ("item.type", "item.id"),
     ("notification", "item/completed"): (
         "item.type", "item.id", "item{type=agentMessage}.text",
@@ -44,13 +45,13 @@ READS: dict[tuple[Kind, str], tuple[str, ...]] = {
         "rateLimits.primary.resetsAt", "rateLimits.secondary.usedPercent",
         "rateLimits.secondary.windowDurationMins", "rateLimits.secondary.resetsAt",
     ),
-    ("request", "item/commandExecution/requestApproval"): ("command",),
-    ("request", "item/fileChange/requestApproval"): (),
-    ("request", "item/tool/call"): ("namespace", "tool", "arguments"),
+    ("request", "item/commandExecution/requestApproval"): ("command", "itemId"),
+    ("request", "item/fileChange/requestApproval"): ("itemId",),
+    ("request", "item/tool/call"): ("namespace", "tool", "arguments", "callId"),
     ("request", "item/tool/requestUserInput"): (
         "questions[].id", "questions[].question", "questions[].header",
     ),
-    ("request", "item/permissions/requestApproval"): (),
+    ("request", "item/permissions/requestApproval"): ("itemId",),
     ("request", "mcpServer/elicitation/request"): (),
     ("request", "execCommandApproval"): (),
     ("request", "applyPatchApproval"): (),
