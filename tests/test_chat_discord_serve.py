@@ -168,7 +168,7 @@ async def test_a_mention_is_seen_and_answered_in_a_thread_started_from_it(
     assert _posts_in(discord, mention) == ["Nothing changed in /srv/work this week."]
     assert _posts_in(discord, CHANNEL_ID) == []  # nothing in the channel itself
     finished = audit_records(site, lambda r: (r.kind, r.event) == ("run", "finished"))
-    assert [(r.outcome, r.subject) for r in finished] == [("completed", f"discord:{mention}")]
+    assert [(r.outcome, r.subject) for r in finished] == [("ok", f"discord:{mention}")]
     assert len(server.requests) == 1
 
 

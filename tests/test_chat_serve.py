@@ -81,7 +81,7 @@ async def test_a_mention_is_seen_and_answered_in_its_thread(
     assert (CHANNEL, ts, "eyes") in slack.reactions
     assert slack.envelopes_acked(ts)
     finished = audit_records(site, lambda r: (r.kind, r.event) == ("run", "finished"))
-    assert [(r.outcome, r.subject) for r in finished] == [("completed", f"slack:{ts}")]
+    assert [(r.outcome, r.subject) for r in finished] == [("ok", f"slack:{ts}")]
     assert len(server.requests) == 1  # app_mention + message twins and retries: one run
 
 

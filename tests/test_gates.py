@@ -26,7 +26,7 @@ from bothy.engine.state import StateDB
 from bothy.home import BothyHome
 from bothy.runtime import Runtime
 from tests.fakes.model_server import ModelServer, stall, text
-from tests.fakes.shell import Command, Shell, audit_records
+from tests.fakes.shell import Command, Shell, audit_records, of_run
 from tests.fakes.site import FAKE_PRICE, Site
 
 REPLY_COST = "0.0152"  # the fake model's default usage at the fake price
@@ -39,7 +39,8 @@ async def server() -> AsyncIterator[ModelServer]:
 
 
 def _lines_of(site: Site, run_id: str) -> list[str]:
-    return [line for line in site.audit_lines() if line.endswith(run_id)]
+    """The run's audit lines, its wake's first (which has no run yet: `-`)."""
+    return [record.human_line() for record in audit_records(site, of_run(run_id))]
 
 
 # --- budget across processes ----------------------------------------------------------------
@@ -88,7 +89,7 @@ async def test_five_concurrent_runs_that_see_40_of_50_used_admit_three_and_refus
                 "0.0000 usd refused at gate 'budget': would reach 52.00 usd against a 50.00"
                 " ceiling (40.00 used, 9.00 already reserved, 3.00 requested)\n"))
             assert [line.split(" ", 2)[2] for line in _lines_of(site, run_id)] == [
-                f"wake received ok {run.args[3]} {run_id}",
+                f"wake received ok {run.args[3]} -",
                 f"run refused refused {run.args[3]} {run_id}"]
 
         await server.wait_for_requests(2)
@@ -207,7 +208,7 @@ async def test_cancelling_a_queued_run_ends_it_without_a_worker(
         assert (await first.finish()).code == 5
 
     events = [f"{r.kind} {r.event} {r.outcome}" for r in audit_records(
-        site, lambda r: r.run_id == queued_id)]
+        site, of_run(str(queued_id)))]
     assert events == ["wake received ok", "run admitted ok", "run cancel-requested ok",
                       "budget settled ok", "run finished cancelled"]
     assert len(server.requests) == 1

@@ -318,7 +318,7 @@ async def test_confirm_approved_from_another_shell_carries_the_call_out(
     assert completed(done, "added") == run_id
     assert told(server) == [f"added: {AUDIT_CHAIN_ITEM}"]
     assert checklist_file(site).read_text() == f"- {AUDIT_CHAIN_ITEM}\n"
-    [asked] = records(site, run_id, "question", "asked")
+    [asked] = records(site, run_id, "run", "question")
     [reply] = records(site, run_id, "question", "answered")
     [allowed] = records(site, run_id, "tool", "allowed")
     assert (asked.outcome, asked.details["question"]) == ("pending", question)
@@ -339,7 +339,7 @@ async def test_confirm_passes_on_a_fresh_approval_without_asking(
     done = await site.bothy("run", "add the second item", "--profile", "selfcare")
 
     run_id = completed(done, "two")
-    assert records(site, run_id, "question") == []
+    assert records(site, run_id, "question") == records(site, run_id, "run", "question") == []
     [allowed] = records(site, run_id, "tool", "allowed")
     assert allowed.details["approved_by"] == BY_SHELL
     assert re.fullmatch(rf"approved by {re.escape(BY_SHELL)} \d+ s ago", allowed.details["why"])
@@ -390,7 +390,7 @@ async def test_confirm_unanswered_times_out_and_a_later_answer_is_late(
     # The late yes approves nothing: the next call still has to ask.
     server.script(tool_call("bothy_checklist", {"action": "add", "item": "y"}), text("ok"))
     again = await site.bothy("run", "add y", "--profile", "selfcare")
-    assert records(site, completed(again, "ok"), "question", "asked")
+    assert records(site, completed(again, "ok"), "run", "question")
     assert not checklist_file(site).exists()
 
 

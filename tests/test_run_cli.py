@@ -59,7 +59,8 @@ async def audit_events(site: Site, run_id: str) -> list[tuple[str, str, str]]:
     for line in done.stdout.splitlines():
         match = AUDIT_LINE.match(line)
         assert match, f"not an audit line: {line!r}"
-        assert match["run_id"] == run_id
+        # The wake has no run yet (`-`): it is found through the wake id its run names.
+        assert match["run_id"] == (run_id if match["kind"] != "wake" else "-"), line
         events.append((match["kind"], match["event"], match["outcome"]))
     return events
 
@@ -121,15 +122,16 @@ async def test_completed_run_is_audited_from_wake_to_finish(
         ("run", "started", "ok"),
         ("worker", "stopped", "ok"),
         ("budget", "settled", "ok"),
-        ("run", "finished", "completed"),
+        ("run", "finished", "ok"),
     ]
     assert [event for event in events if event in expected] == expected
     listing = await site.bothy("audit")
     grepped = [line for line in listing.stdout.splitlines() if line.endswith(f" {run_id}")]
     filtered = await site.bothy("audit", "--run", run_id)
-    assert filtered.stdout.splitlines() == grepped
-    assert grepped[0].endswith(f" wake received ok demo {run_id}")
-    assert grepped[-1].endswith(f" run finished completed demo {run_id}")
+    assert filtered.stdout.splitlines()[1:] == grepped
+    assert filtered.stdout.splitlines()[0].endswith(" wake received ok demo -")
+    assert grepped[0].endswith(f" run admitted ok demo {run_id}")
+    assert grepped[-1].endswith(f" run finished ok demo {run_id}")
 
 
 @pytest.mark.codex
@@ -142,10 +144,13 @@ async def test_audit_json_and_verify_describe_the_run(site: Site, server: ModelS
     records = await audit_records(site, run_id)
     verified = await site.bothy("audit", "verify")
 
-    assert records and all(record["run_id"] == run_id for record in records)
+    wake, *of_run = records
+    assert (wake["kind"], wake["event"], wake["run_id"]) == ("wake", "received", None)
+    assert of_run and all(record["run_id"] == run_id for record in of_run)
+    assert of_run[0]["details"]["wake_id"] == wake["details"]["wake_id"]
     finished = records[-1]
     assert (finished["kind"], finished["event"], finished["outcome"]) == (
-        "run", "finished", "completed"
+        "run", "finished", "ok"
     )
     assert finished["details"]["cost_usd"] == "0.015200"
     total = len(site.audit_lines())

@@ -57,7 +57,7 @@ from bothy.wakes.schedules import (
     schedule_request,
 )
 from tests.fakes.model_server import ModelServer, text
-from tests.fakes.shell import Shell, audit_records, until
+from tests.fakes.shell import Shell, audit_records, of_run, runs_of_wakes, until
 from tests.fakes.site import Completed, Site
 
 T0 = datetime(2026, 9, 24, 2, 0, tzinfo=UTC)
@@ -568,7 +568,8 @@ async def test_a_heartbeat_answering_no_reply_prints_nothing_after_usd(
     assert sent.endswith("If nothing needs attention, reply exactly NO_REPLY.")
     received = [r for r in audit_records(site) if (r.kind, r.event) == ("wake", "received")]
     assert [(r.subject, r.run_id, r.details["source"], r.details["trusted"])
-            for r in received] == [("schedule:hb", run_id, "schedule", True)]
+            for r in received] == [("schedule:hb", None, "schedule", True)]
+    assert runs_of_wakes(site) == {received[0].details["wake_id"]: run_id}
 
 
 @pytest.mark.codex
@@ -619,8 +620,8 @@ async def test_a_heartbeat_at_the_budget_ceiling_is_refused_and_audited(tmp_path
     assert (outcome, rest) == ("refused", "0.0000 usd refused at gate 'budget': would reach"
                                " 25.50 usd against a 25.00 ceiling (25.00 used, 0.00 already"
                                " reserved, 0.50 requested)\n")
-    lines = [line.split(" ", 2)[2] for line in site.audit_lines() if line.endswith(run_id)]
-    assert lines == [f"wake received ok schedule:hb {run_id}",
+    lines = [r.human_line().split(" ", 2)[2] for r in audit_records(site, of_run(run_id))]
+    assert lines == ["wake received ok schedule:hb -",
                      f"run refused refused schedule:hb {run_id}"]
 
 
@@ -692,7 +693,7 @@ async def test_a_fire_missed_while_serve_was_down_runs_once_when_it_starts(
     server.script(text("TICKED"))
 
     async with Shell(site) as shell:
-        finished = await _serve_until(shell, "run", "finished", "completed")
+        finished = await _serve_until(shell, "run", "finished", "ok")
 
     run_id = finished.run_id
     key = slot.isoformat()
@@ -701,14 +702,15 @@ async def test_a_fire_missed_while_serve_was_down_runs_once_when_it_starts(
     [ready] = _records(site, "serve", "ready")
     assert (ready.details["schedules"], ready.details["missed_fires_queued"]) == (1, 1)
     [received] = _records(site, "wake", "received")
-    assert (received.subject, received.run_id) == ("schedule:tick", run_id)
+    assert (received.subject, received.run_id) == ("schedule:tick", None)
+    assert runs_of_wakes(site) == {received.details["wake_id"]: run_id}
     assert {k: received.details[k] for k in ("source", "trusted", "route", "delivery", "action",
                                              "attempt")} == {
         "source": "schedule", "trusted": True, "route": "tick", "delivery": key,
         "action": "prompt", "attempt": 1}
     assert any(t == "Say TICKED and nothing else." for t in _prompts(server.requests[0]))
     lines = [line.split(" ", 2)[2] for line in site.audit_lines() if line.endswith(str(run_id))]
-    assert lines[-1] == f"run finished completed schedule:tick {run_id}"
+    assert lines[-1] == f"run finished ok schedule:tick {run_id}"
     assert len(server.requests) == 1
     db = sqlite3.connect(site.home / "state" / "bothy.sqlite3")
     try:

@@ -16,7 +16,7 @@ from bothy.errors import UsageError
 from bothy.exitcodes import ExitCode
 
 if TYPE_CHECKING:
-    pass
+    from bothy.engine.audit import AuditRecord
 
 
 async def cmd_audit(args: argparse.Namespace) -> int:
@@ -37,12 +37,24 @@ async def cmd_audit(args: argparse.Namespace) -> int:
             print(f"audit chain broken: {report.problem}")
         return ExitCode.OK if report.ok else ExitCode.FAILED
     since = _since(args.since) if args.since else None
-    records = await asyncio.to_thread(lambda: list(log.records(run_id=args.run_id, since=since)))
+    records = await asyncio.to_thread(lambda: [
+        record for record in log.records(since=since)
+        if args.run_id is None or _of_run(record, args.run_id)])
     for record in records:
         print(record.to_json() if args.json else record.human_line())
     if not records:
         print(f"bothy: {_nothing(args.run_id, args.since)} ({log.path})", file=sys.stderr)
     return ExitCode.OK
+
+
+def _of_run(record: AuditRecord, run_id: str) -> bool:
+    """The run's own records, and the record of the wake that asked for it (which has no run
+    yet: its details carry the wake id the run's records name)."""
+    from bothy.engine.run import wake_id_for
+
+    if record.run_id is not None:
+        return record.run_id == run_id
+    return record.kind == "wake" and record.details.get("wake_id") == wake_id_for(run_id)
 
 
 def _nothing(run_id: str | None, since: str | None) -> str:

@@ -43,6 +43,12 @@ class Outcome(enum.StrEnum):
         return self in (Outcome.COMPLETED, Outcome.VERIFIED)
 
     @property
+    def recorded(self) -> str:
+        """The outcome word of the run's ``run finished`` record: ``ok`` for a completed run
+        (the product page's form), otherwise the outcome itself."""
+        return "ok" if self is Outcome.COMPLETED else self.value
+
+    @property
     def exit_code(self) -> ExitCode:
         """What a foreground run (``bothy run``) exits with."""
         return _EXIT[self]
@@ -169,3 +175,12 @@ class SilentProgress:
 def new_run_id(clock: Clock) -> str:
     """``run_YYYYMMDDTHHMMSSZ_<8 hex>``."""
     return f"run_{clock():%Y%m%dT%H%M%SZ}_{secrets.token_hex(4)}"
+
+
+def wake_id_for(run_id: str) -> str:
+    """The id of the wake that asked for run ``run_id``: ``wake_`` and the run id's stamp.
+
+    A wake has no run yet when it is recorded (``wake received ok pr:42 -``); its record
+    carries this id in its details, and the run's first records name it, so the wake is found
+    from the run. Each attempt of a delivery is a wake of its own, with a fresh run id."""
+    return "wake_" + run_id.removeprefix("run_")

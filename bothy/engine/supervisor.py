@@ -36,6 +36,7 @@ from bothy.engine.run import (
     RunResult,
     SilentProgress,
     new_run_id,
+    wake_id_for,
 )
 from bothy.engine.state import StateDB
 from bothy.engine.task_link import TaskClaims, TaskLink
@@ -163,8 +164,9 @@ class Supervisor:
 
     async def _received(self, run_id: str, request: RunRequest) -> None:
         await self._audit.record(
-            "wake", "received", "ok", subject=request.subject, run_id=run_id,
-            details={"source": request.source, "prompt_chars": len(request.prompt),
+            "wake", "received", "ok", subject=request.subject,
+            details={"wake_id": wake_id_for(run_id), "source": request.source,
+                     "prompt_chars": len(request.prompt),
                      "trusted": request.trusted, **request.wake_details},
         )
 
@@ -172,19 +174,20 @@ class Supervisor:
         """The one record of a run refused at a gate (at admission, or by its model's price)."""
         await self._audit.record(
             "run", "refused", "refused", subject=subject, run_id=run_id,
-            details={"gate": refusal.gate, "message": refusal.message, **refusal.figures},
+            details={"wake_id": wake_id_for(run_id), "gate": refusal.gate,
+                     "message": refusal.message, **refusal.figures},
         )
 
     async def _admitted(self, run_id: str, subject: str, admitted: Admitted) -> None:
         # The plan gate's figures are percents of the rate-limit windows, not dollars.
-        details = admitted.figures or {
+        figures = admitted.figures or {
             "reserved_usd": format_usd(admitted.reserved_micros, 6),
             "used_usd": format_usd(admitted.used_micros, 6),
             "already_reserved_usd": format_usd(admitted.already_reserved_micros, 6),
             "ceiling_usd": format_usd(admitted.ceiling_micros, 6),
         }
         await self._audit.record("run", "admitted", "ok", subject=subject, run_id=run_id,
-                                 details=details)
+                                 details={"wake_id": wake_id_for(run_id), **figures})
         if admitted.learning:
             await self._audit.record(
                 "plan", "window", "unknown", subject=subject, run_id=run_id,
@@ -403,8 +406,9 @@ class Supervisor:
                      **settlement.figures},
         )
         await self._audit.record(
-            "run", "finished", ended.outcome, subject=subject, run_id=run_id,
-            details={"reason": ended.reason, "cost_usd": format_usd(settlement.cost_micros, 6),
+            "run", "finished", ended.outcome.recorded, subject=subject, run_id=run_id,
+            details={"outcome": ended.outcome.value, "reason": ended.reason,
+                     "cost_usd": format_usd(settlement.cost_micros, 6),
                      "final_chars": len(ended.text)},
         )
         return RunResult(run_id, ended.outcome, settlement.cost_micros, kept, ended.reason,

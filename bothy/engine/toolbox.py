@@ -266,7 +266,7 @@ class Toolbox:
         """Post a question and hold for it; return the answer or how the hold ended."""
         hold = min(float(hold_s), self._hold_left_s())
         question_id = await self._board.post(self._scope.run_id, kind, tool, text, int(hold))
-        await self._record("question", "asked", "pending",
+        await self._record("run", "question", "pending",
                            {"kind": kind, "tool": tool, "question": text, "hold_s": hold})
         self._asker.question(self._scope.run_id, text)
         ended = await self._board.wait(question_id, hold_s=hold, should_stop=self._should_stop)

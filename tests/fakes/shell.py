@@ -26,6 +26,7 @@ from pathlib import Path
 
 from bothy.engine.audit import AuditLog, AuditRecord
 from bothy.engine.procgroup import GroupRecord, end_orphan_group
+from bothy.engine.run import wake_id_for
 from tests.fakes.site import Completed, Site
 
 DEADLINE_S = 30.0
@@ -191,6 +192,20 @@ def audit_records(
     """The site's audit records, in order (optionally only those ``where`` accepts)."""
     records = AuditLog(site.audit_path).records()
     return [record for record in records if where is None or where(record)]
+
+
+def of_run(run_id: str) -> Callable[[AuditRecord], bool]:
+    """Whether a record is the run's, or that of the wake that asked for it (a wake has no run
+    yet: its details carry the wake id the run's records name), as `bothy audit --run` picks."""
+    wake_id = wake_id_for(run_id)
+    return lambda r: r.run_id == run_id or (
+        r.run_id is None and r.kind == "wake" and r.details.get("wake_id") == wake_id)
+
+
+def runs_of_wakes(site: Site) -> dict[str, str]:
+    """Wake id → the run it asked for, from the run records that name the wake."""
+    return {str(r.details["wake_id"]): str(r.run_id) for r in audit_records(site)
+            if r.kind == "run" and r.run_id is not None and "wake_id" in r.details}
 
 
 def started_group(site: Site, run_id: str) -> GroupRecord:
