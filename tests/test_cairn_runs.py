@@ -109,7 +109,7 @@ async def test_a_run_with_a_ref_claims_briefs_notes_and_releases_its_task(
     }]
     assert cairn_events(site, run_id) == ["claimed", "briefed", "noted", "released"]
     lines = site.audit_lines()
-    finished = next(i for i, line in enumerate(lines) if " run finished completed " in line)
+    finished = next(i for i, line in enumerate(lines) if " run finished ok " in line)
     released = next(i for i, line in enumerate(lines) if " cairn released ok " in line)
     assert lines[released].endswith(f" cairn released ok weekly {run_id}")
     assert finished < released == len(lines) - 1

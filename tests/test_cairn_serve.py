@@ -52,7 +52,7 @@ async def test_a_webhook_jobs_ref_from_the_payload_ties_its_run_to_the_task(
     async with Shell(site) as shell:
         serving = await start_serve(shell)
         await queued(serving, github.pull_request_opened(42))
-        [finished] = await until_count(site, "run", "finished", "completed", 1)
+        [finished] = await until_count(site, "run", "finished", "ok", 1)
         assert await serving.stop() == 0
 
     run_id = str(finished.run_id)
@@ -110,7 +110,7 @@ async def test_a_payload_ref_that_is_no_task_reference_is_refused_and_the_run_go
     async with Shell(site) as shell:
         serving = await start_serve(shell)
         await queued(serving, github.pull_request_opened(42, title="ACME-1; rm -rf /"))
-        [finished] = await until_count(site, "run", "finished", "completed", 1)
+        [finished] = await until_count(site, "run", "finished", "ok", 1)
         assert await serving.stop() == 0
 
     [refused] = records(site, "cairn", "ref_refused", "refused")
