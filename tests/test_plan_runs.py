@@ -28,7 +28,7 @@ from tests.fakes.model_server import (
     text,
     tool_call,
 )
-from tests.fakes.shell import Command, Shell, audit_records
+from tests.fakes.shell import Command, Shell, audit_records, of_run
 from tests.fakes.site import Site
 
 pytestmark = pytest.mark.codex
@@ -79,7 +79,7 @@ async def _seed_windows(site: Site, primary: int, secondary: int, reset_at: int)
 
 
 def _events(site: Site, run_id: str) -> list[tuple[str, str, str]]:
-    return [(r.kind, r.event, r.outcome) for r in audit_records(site, lambda r: r.run_id == run_id)]
+    return [(r.kind, r.event, r.outcome) for r in audit_records(site, of_run(run_id))]
 
 
 @pytest.mark.timeout(120)
