@@ -207,3 +207,14 @@ async def test_windows_survive_a_restart(tmp_path: Path) -> None:
         assert {name: w.used_percent for name, w in windows.items()} == {
             "primary": 30, "secondary": 12}
         assert windows["primary"].seen_at == datetime.fromisoformat("2026-12-01T13:02:00+00:00")
+
+
+async def test_a_learner_whose_bothy_died_is_not_waited_for(tmp_path: Path) -> None:
+    """A learner left by a dead process blocks nobody: the next run is admitted to learn."""
+    clock = _Clock("2026-12-01T13:02:00+00:00")
+    async with _gate(tmp_path / "bothy.sqlite3", clock) as gate:
+        dead = Ticket("run_dead", "lane:dead", "test", 0, os.getpid(), "not-this-process", None)
+        assert isinstance(await gate.admit(dead), Admitted)
+        async with asyncio.timeout(5):
+            again = await gate.admit(_ticket(2))
+        assert isinstance(again, Admitted) and again.learning

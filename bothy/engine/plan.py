@@ -28,7 +28,8 @@ from bothy.clock import Clock, to_us
 from bothy.config import BudgetConfig, Price
 from bothy.engine.budget import Admitted, BudgetGate, Refused, Settlement, Ticket
 from bothy.engine.prices import PriceTable
-from bothy.engine.state import StateDB
+from bothy.engine.recovery import owner_alive
+from bothy.engine.state import RunRow, StateDB
 from bothy.engine.windows import Window, WindowStore
 
 GATE = "plan"
@@ -112,13 +113,14 @@ class PlanGate(BudgetGate):
 
     async def _learn(self, ticket: Ticket, now_us: int) -> Admitted | Refused | _Wait:
         """No window known: wait behind the run learning them, be that run, or refuse."""
-        learner = await self._db.fetch_one(
-            f"SELECT r.run_id FROM plan_reservations p JOIN runs r USING (run_id)"
-            f" WHERE p.learning = 1 AND r.crashed = 0 AND {_OPEN} ORDER BY r.seq LIMIT 1",
-            (now_us,),
+        rows = await self._db.fetch_all(
+            f"SELECT r.* FROM plan_reservations p JOIN runs r USING (run_id)"
+            f" WHERE p.learning = 1 AND r.crashed = 0 AND {_OPEN} ORDER BY r.seq", (now_us,),
         )
+        # A learner whose bothy died learns nothing: do not wait for its reservation to lapse.
+        learner = next((row for row in map(RunRow.from_row, rows) if owner_alive(row)), None)
         if learner is not None:
-            return _Wait(f"behind {learner['run_id']}, which is learning the plan's"
+            return _Wait(f"behind {learner.run_id}, which is learning the plan's"
                          " rate-limit windows")
         unknown = await self.unknown()
         if unknown is not None and unknown.refusing:
