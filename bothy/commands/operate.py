@@ -91,8 +91,6 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
     return ExitCode.FAILED if report.failed else ExitCode.OK
 
 
-
-
 async def cmd_checklist(args: argparse.Namespace) -> int:
     from bothy.engine.checklist import Checklist
     from bothy.home import BothyHome
