@@ -100,14 +100,9 @@ class Conversations:
             return Ignored(f"{message.platform} is not connected")
         await self._seen(adapter, message, wake.route, start.details)
         thread = await self._open_thread(adapter, message, wake.route, start.details)
-        resume = await self._codex_thread(message, thread) if continued_from is not None else None
-        prompt = message.text
-        if continued_from and resume is None:
-            # No kept thread to resume: at least tell the run what it said last.
-            prompt = (f"Earlier in this conversation you answered:\n{continued_from}\n\n"
-                      f"The person now says:\n{message.text}")
+        resume, prompt = await self._resume_or_continue(message, thread, continued_from)
         request = RunRequest.for_wake(
-            self._cfg, prompt=prompt, subject=f"{message.platform}:{thread}", source=SOURCE,
+            self._cfg, prompt=prompt, subject=subject(message.platform, thread), source=SOURCE,
             run_id=start.run_id, details={**start.details, "user": message.user},
             profile=self._profile_for(message.platform),
             trusted=True,  # an allowed account wrote it
@@ -134,6 +129,20 @@ class Conversations:
             await self._audit.record("chat", "thread-failed", "failed", subject=route,
                                      details={**details, "reason": str(exc)})
             return message.thread
+
+    async def _resume_or_continue(
+        self, message: ChatMessage, thread: str, continued_from: str | None
+    ) -> tuple[str | None, str]:
+        """The kept Codex thread to resume (a reply continuing the conversation), and the
+        prompt: the message, or, with no kept thread, the message after the last answer."""
+        if continued_from is None:
+            return None, message.text
+        resume = await self._codex_thread(message, thread)
+        if resume is not None or not continued_from:
+            return resume, message.text
+        # No kept thread to resume: at least tell the run what it said last.
+        return None, (f"Earlier in this conversation you answered:\n{continued_from}\n\n"
+                      f"The person now says:\n{message.text}")
 
     def _profile_for(self, platform: str) -> str | None:
         chat = self._cfg.chat
@@ -275,6 +284,11 @@ def thread_key(platform: str, channel: str, thread: str) -> str:
     if platform == "discord":
         return f"{platform}:{thread}"
     return f"{platform}:{channel}:{thread}"
+
+
+def subject(platform: str, thread: str) -> str:
+    """A conversation's lane: one run at a time per thread."""
+    return f"{platform}:{thread}"
 
 
 def _message_of(body: bytes) -> tuple[ChatMessage, str | None]:
