@@ -14,8 +14,9 @@ Every decision about a conversation's runs is made here, and nowhere else:
 - delivering: the answer (never ``NO_REPLY``), or the outcome and why; a refusal is told in
   the thread, not retried; a run a crash cut short is announced there.
 
-The router (``chat/router.py``) hands people's messages in; the dispatcher hands chat wakes to
-:class:`Conversations`, its handler for the ``chat`` source, and gets back a :class:`ChatRun`.
+The router (``chat/router.py``) hands people's messages in; the dispatcher hands each chat
+wake to :class:`Conversations`, its handler for the ``chat`` source, which takes it from the
+reaction through the engine to the answer in the thread.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from bothy.engine.audit import AuditLog
 from bothy.engine.run import NO_REPLY, RunRequest, RunResult
 from bothy.engine.state import RunRow, StateDB
 from bothy.errors import ChatError
-from bothy.wakes.handlers import Execute, WakeRun, WakeStart
+from bothy.wakes.handlers import WakeStart
 from bothy.wakes.inbox import Delivery, WakeRow
 from bothy.wakes.jobs import Ignored
 
@@ -54,6 +55,8 @@ class ThreadState:
 class Conversations:
     """The chat conversations of a site, over its connected adapters; the ``chat`` wakes'
     handler in the dispatcher's table."""
+
+    retries_refused = False  # a refusal is told in the thread; the person may mention again
 
     def __init__(
         self,
@@ -92,8 +95,11 @@ class Conversations:
 
     # -- the dispatcher's side: a chat wake becomes a run -------------------------------------
 
-    async def take(self, wake: WakeRow, delivery: Delivery, start: WakeStart) -> ChatRun | Ignored:
-        """A mention's run: seen, its thread opened, resumed or told what it answered last."""
+    async def handle(
+        self, wake: WakeRow, delivery: Delivery, start: WakeStart
+    ) -> RunResult | Ignored:
+        """A mention's run: seen, its thread opened, resumed or told what it answered last,
+        remembered, its questions asked in the thread, and answered there."""
         message, continued_from = _message_of(delivery.body)
         adapter = self.adapters.get(message.platform)
         if adapter is None:
@@ -109,7 +115,23 @@ class Conversations:
             can_hold=True,  # someone is in the thread to answer
             keep_thread=True, resume_thread=resume,  # the thread is one Codex conversation
         )
-        return ChatRun(request, self, message, thread)
+        await self._remember(message, thread, start.run_id)
+        result = await self._run(start, request, message, thread)
+        await self._deliver(message, thread, result)
+        return result
+
+    async def _run(
+        self, start: WakeStart, request: RunRequest, message: ChatMessage, thread: str
+    ) -> RunResult:
+        """The run, its questions posted in the thread; the answer waits for those posts."""
+        questions = _ThreadQuestions(self, message, thread)
+        try:
+            result = await start.run(request, asker=questions)
+        except BaseException:
+            questions.cancel()
+            raise
+        await questions.posted()
+        return result
 
     async def _seen(
         self, adapter: ChatAdapter, message: ChatMessage, route: str, details: dict[str, Any]
@@ -157,7 +179,7 @@ class Conversations:
         )
         return str(row["codex_thread"]) if row is not None and row["codex_thread"] else None
 
-    async def remember(self, message: ChatMessage, thread: str, run_id: str) -> None:
+    async def _remember(self, message: ChatMessage, thread: str, run_id: str) -> None:
         """The thread's current run, so replies find it (kept across restarts)."""
         key = thread_key(message.platform, message.channel, thread)
         async with self._db.transaction():
@@ -169,7 +191,7 @@ class Conversations:
                  to_us(self._clock())),
             )
 
-    async def deliver(self, message: ChatMessage, thread: str, result: RunResult) -> None:
+    async def _deliver(self, message: ChatMessage, thread: str, result: RunResult) -> None:
         """Keep the run's answer and Codex thread; post its reply (``NO_REPLY`` never is)."""
         key = thread_key(message.platform, message.channel, thread)
         async with self._db.transaction():
@@ -220,32 +242,6 @@ class Conversations:
             )
             return
         await self.post(message.platform, message.channel, thread, text, run_id=None)
-
-
-class ChatRun(WakeRun):
-    """One run of a conversation: remembered, its questions asked in the thread, answered."""
-
-    retries_refused = False  # the person is told in the thread; they may mention again
-
-    def __init__(self, request: RunRequest, conversations: Conversations,
-                 message: ChatMessage, thread: str) -> None:
-        super().__init__(request)
-        self._conversations = conversations
-        self._message = message
-        self._thread = thread
-
-    async def run(self, execute: Execute) -> RunResult:
-        assert self.request.run_id is not None
-        await self._conversations.remember(self._message, self._thread, self.request.run_id)
-        questions = _ThreadQuestions(self._conversations, self._message, self._thread)
-        try:
-            result = await execute(self.request, asker=questions)
-        except BaseException:
-            questions.cancel()
-            raise
-        await questions.posted()
-        await self._conversations.deliver(self._message, self._thread, result)
-        return result
 
 
 class _ThreadQuestions:

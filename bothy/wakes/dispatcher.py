@@ -2,11 +2,12 @@
 
 It takes queued wakes in arrival order, claims each one (so two daemons never run the same
 wake), and hands it to the handler of its source (``wakes/handlers.py``; a chat
-conversation's is ``chat/``'s), which says what run it asks for or why none. The run goes
-through the supervisor, whose lanes keep ``pr:42`` deliveries one after another; admissions
-happen one at a time, in arrival order. A wake refused at a gate, that nobody waits for, is
-an event (rule 4): it is retried later with a doubling delay, counted, and after
-``wakes.max_attempts`` abandoned out loud. A wake that asks for no run is recorded as ignored.
+conversation's is ``chat/``'s), which runs what it asks for through the supervisor or says why
+it asks for nothing. The supervisor's lanes keep ``pr:42`` deliveries one after another;
+admissions happen one at a time, in arrival order. A wake refused at a gate, that nobody
+waits for, is an event (rule 4): it is retried later with a doubling delay, counted, and
+after ``wakes.max_attempts`` abandoned out loud. A wake that asks for no run is recorded as
+ignored.
 
 Each wake's run id is minted here and stored before the run is admitted, so that after a crash
 :meth:`Dispatcher.recover` can tell a wake whose run never started (run it) from one whose run
@@ -16,7 +17,6 @@ was under way (closed as interrupted, never run twice; its handler may tell whoe
 from __future__ import annotations
 
 import asyncio
-import functools
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -192,19 +192,20 @@ class Dispatcher:
     async def _handle(self, wake: WakeRow, admitted: asyncio.Event) -> None:
         delivery = await self._inbox.load(wake)
         # A fresh run id per attempt: a refused id is spent.
-        start = WakeStart(new_run_id(self._clock), _details(wake))
+        start = WakeStart(new_run_id(self._clock), _details(wake), wake_id=wake.id,
+                          inbox=self._inbox, supervisor=self._supervisor, admitted=admitted)
         handler = self._handlers.get(wake.source)
-        taken = (Ignored(f"nothing here takes {wake.source} wakes (is it configured?)")
-                 if handler is None else await handler.take(wake, delivery, start))
-        if isinstance(taken, Ignored):
-            await self._ignore(wake, start, taken.reason)
+        if handler is None:
+            await self._ignore(wake, start, f"no {wake.source} wakes are taken here: that"
+                                            " part is not configured")
             return
-        await self._inbox.set_run(wake.id, start.run_id)
-        result = await taken.run(functools.partial(self._supervisor.execute, admitted=admitted))
-        if result.outcome is Outcome.REFUSED and taken.retries_refused:
-            await self._refused(wake, result.reason or "refused", start.details)
-            return
-        await self._inbox.finish(wake.id, "done", run_id=start.run_id, note=result.outcome)
+        ended = await handler.handle(wake, delivery, start)
+        if isinstance(ended, Ignored):
+            await self._ignore(wake, start, ended.reason)
+        elif ended.outcome is Outcome.REFUSED and handler.retries_refused:
+            await self._refused(wake, ended.reason or "refused", start.details)
+        else:
+            await self._inbox.finish(wake.id, "done", run_id=start.run_id, note=ended.outcome)
 
     async def _ignore(self, wake: WakeRow, start: WakeStart, reason: str) -> None:
         await self._audit.record("wake", "ignored", "refused", subject=_subject(wake),

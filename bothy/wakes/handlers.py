@@ -1,9 +1,10 @@
 """What each source's wakes ask for: the dispatcher's table, one handler per source.
 
-A handler takes a durable wake and says what run it asks for (a :class:`WakeRun`), or why it
-asks for none (:class:`~bothy.wakes.jobs.Ignored`). The dispatcher knows nothing of the
-sources: it picks the handler from its table by the wake's source, records the run id, and
-lets the run go through the engine. The unattended sources are here:
+A handler takes a durable wake, builds the run it asks for and runs it through the engine
+(:meth:`WakeStart.run`), or says why it asks for none (:class:`~bothy.wakes.jobs.Ignored`).
+The dispatcher knows nothing of the sources: it picks the handler from its table by the
+wake's source and closes the wake with what the handler returns. The unattended sources are
+here, each turning a wake into a ``RunRequest | Ignored``:
 
 - ``webhook``: a signed delivery matched to its route's job; untrusted (rule 6).
 - ``poll``: something new a poller saw; untrusted.
@@ -17,17 +18,18 @@ queued again (rule 4). A chat conversation, which a person does wait for, is ``c
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+import asyncio
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bothy.config import Config
 from bothy.engine.framing import new_token
 from bothy.engine.run import RunRequest, RunResult
+from bothy.engine.supervisor import Supervisor
 from bothy.home import BothyHome
 from bothy.money import usd_to_micros
 from bothy.wakes import poller, schedules
-from bothy.wakes.inbox import Delivery, WakeRow
+from bothy.wakes.inbox import Delivery, Inbox, WakeRow
 from bothy.wakes.jobs import (
     Ignored,
     decode_payload,
@@ -43,48 +45,59 @@ if TYPE_CHECKING:
 WEBHOOK = "webhook"
 
 
-@dataclass(frozen=True)
 class WakeStart:
     """What the dispatcher gives a wake's handler: the run id minted for this attempt (a
-    refused id is spent) and the details of the `wake received` record."""
+    refused id is spent), the details of the `wake received` record, and :meth:`run`."""
 
-    run_id: str
-    details: dict[str, Any]
+    def __init__(
+        self,
+        run_id: str,
+        details: dict[str, Any],
+        *,
+        wake_id: int,
+        inbox: Inbox,
+        supervisor: Supervisor,
+        admitted: asyncio.Event,
+    ) -> None:
+        self.run_id = run_id
+        self.details = details
+        self._wake_id = wake_id
+        self._inbox = inbox
+        self._supervisor = supervisor
+        self._admitted = admitted
 
-
-class Execute(Protocol):
-    """Takes a request through the engine (the supervisor, the wake's admission order kept)."""
-
-    async def __call__(self, request: RunRequest, *, asker: Asker | None = None) -> RunResult:
-        ...
-
-
-class WakeRun:
-    """A wake's run, ready to go, that nobody waits for: a refusal is queued again."""
-
-    retries_refused = True
-
-    def __init__(self, request: RunRequest) -> None:
-        self.request = request
-
-    async def run(self, execute: Execute) -> RunResult:
-        return await execute(self.request)
+    async def run(self, request: RunRequest, *, asker: Asker | None = None) -> RunResult:
+        """Take ``request`` through the engine. The run id is recorded on the wake first, so
+        that after a crash the wake's run can be found; the admission keeps arrival order."""
+        await self._inbox.set_run(self._wake_id, self.run_id)
+        return await self._supervisor.execute(request, asker=asker, admitted=self._admitted)
 
 
 class WakeHandler(Protocol):
-    """Turns the wakes of one source into runs."""
+    """Turns the wakes of one source into runs: the dispatcher holds one per source."""
 
-    async def take(self, wake: WakeRow, delivery: Delivery, start: WakeStart) -> WakeRun | Ignored:
-        """The run ``wake`` asks for, or why it asks for none."""
+    @property
+    def retries_refused(self) -> bool:
+        """A run refused at a gate is queued again (True: nobody is there to be told)."""
+        ...
+
+    async def handle(
+        self, wake: WakeRow, delivery: Delivery, start: WakeStart
+    ) -> RunResult | Ignored:
+        """Run what ``wake`` asks for (through ``start.run``), or say why it asks for none."""
         ...
 
 
 class _Unattended(abc.ABC):
     """A source whose wake becomes a plain request, run with nobody waiting for it."""
 
-    async def take(self, wake: WakeRow, delivery: Delivery, start: WakeStart) -> WakeRun | Ignored:
+    retries_refused = True
+
+    async def handle(
+        self, wake: WakeRow, delivery: Delivery, start: WakeStart
+    ) -> RunResult | Ignored:
         made = await self.request(wake, delivery, start)
-        return made if isinstance(made, Ignored) else WakeRun(made)
+        return made if isinstance(made, Ignored) else await start.run(made)
 
     @abc.abstractmethod
     async def request(
