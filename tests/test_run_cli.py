@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.fakes.model_server import ModelServer, failed, http_error, stall, text, tool_call
+from tests.fakes.shell import Shell
 from tests.fakes.site import Completed, Site
 
 RUN_ID = re.compile(r"run_\d{8}T\d{6}Z_[0-9a-f]{8}")
@@ -311,6 +313,32 @@ async def test_wall_clock_stops_a_stalled_run_and_ends_its_process_group(
     assert isinstance(pgid, int) and pgid > 1
     assert live_members(pgid) == []
     assert (records[-1]["event"], records[-1]["outcome"]) == ("finished", "timed_out")
+
+
+@pytest.mark.codex
+async def test_a_second_stop_signal_skips_the_waits_yet_the_run_is_settled(
+    site: Site, server: ModelServer
+) -> None:
+    """SIGINT then SIGTERM while the model stalls: the second skips the graceful stop (exit 5,
+    saying so), yet the run is still settled `cancelled` and its worker group is ended."""
+    server.script(stall("thinking"))
+
+    async with Shell(site) as shell:
+        run = await shell.start("run", "hello", "--subject", "demo")
+        run_id = await run.admitted()
+        assert run_id is not None
+        await run.line(r"^bothy: started ")
+        run.signal(signal.SIGINT)
+        run.signal(signal.SIGTERM)  # a different signal: the kernel cannot fold it into the first
+        done = await run.finish()
+
+    assert done.code == 5, (done.stdout, done.stderr)
+    assert "bothy: stopped by a second signal before the run could settle" in done.stderr
+    records = await audit_records(site, run_id)
+    assert (records[-1]["kind"], records[-1]["event"], records[-1]["outcome"]) == (
+        "run", "finished", "cancelled")
+    [started] = [r for r in records if (r["kind"], r["event"]) == ("run", "started")]
+    assert live_members(started["details"]["pgid"]) == []
 
 
 # --- tools and secrets ----------------------------------------------------------------
