@@ -8,6 +8,7 @@ records) and what the dispatcher will find (the wake rows and the payload files)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import stat
@@ -25,6 +26,7 @@ from bothy.config import WebhookRoute
 from bothy.engine.audit import AuditLog, AuditRecord
 from bothy.engine.state import StateDB
 from bothy.errors import ListenerError, TemporaryFailure
+from bothy.wakes.httpserver import ReadDeadlines
 from bothy.wakes.inbox import Inbox, WakeRow
 from bothy.wakes.webhook import WebhookListener
 from tests.fakes import github
@@ -45,6 +47,7 @@ ROUTES = {
 ENVIRON = {"GH_SECRET": OLD_SECRET, "GH_SECRET_NEXT": NEW_SECRET,
            "DEPLOY_SECRET": DEPLOY_SECRET, "EMPTY_SECRET": ""}
 REQUEST_TIMEOUT_S = 10.0
+DEADLINES = ReadDeadlines(headers_s=1.0, body_s=1.0)  # short, so slow senders show quickly
 
 
 class _Clock:
@@ -99,7 +102,8 @@ async def door(tmp_path: Path) -> AsyncIterator[_Door]:
         pokes: list[None] = []
         listener = WebhookListener(ROUTES, public=False, inbox=inbox, audit=audit,
                                    environ=ENVIRON, clock=clock,
-                                   on_accepted=lambda: pokes.append(None))
+                                   on_accepted=lambda: pokes.append(None),
+                                   deadlines=DEADLINES)
         port = await listener.start("127.0.0.1", 0)
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
@@ -496,6 +500,176 @@ async def test_listener_that_cannot_bind_names_host_and_port(door: _Door) -> Non
 
     assert isinstance(caught.value, TemporaryFailure)
     assert (caught.value.host, caught.value.port) == ("127.0.0.1", port)
+
+
+# --- bodies that are JSON but not acceptable (issue 10 item 3) ------------------------------
+
+
+def _nested(levels: int) -> bytes:
+    """A pull_request payload whose ``body`` holds ``levels`` - 1 nested lists (the payload
+    object itself is the first level)."""
+    inner = "[" * (levels - 2) + "1" + "]" * (levels - 2)
+    return b'{"action": "opened", "body": [' + inner.encode() + b"]}"
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    pytest.param(_nested(1_000), "nested deeper than 100 levels", id="1000-levels"),
+    pytest.param(_nested(8_000), "nested deeper than 100 levels", id="8000-levels"),
+    pytest.param(_nested(101), "nested deeper than 100 levels", id="101-levels"),
+    pytest.param(b'{"action": "opened", "title": "\\ud800"}',
+                 "not Unicode (a lone surrogate)", id="lone-surrogate"),
+    pytest.param(b'{"action": "opened", "title": "caf\xe9"}', "body is not JSON",
+                 id="latin-1"),
+    pytest.param(b'"opened"', "not an object (str)", id="json-string"),
+    pytest.param(b"", "body is not JSON", id="empty"),
+])
+async def test_signed_body_that_is_no_acceptable_object_is_a_400_with_its_record(
+    door: _Door, body: bytes, reason: str
+) -> None:
+    """A correctly signed body that is not an acceptable JSON object gets a 400 and one
+    refusal record naming why and the delivery, never a 500 or a wake."""
+    headers = github.headers("pull_request", body, OLD_SECRET)
+
+    response = await door.post("/hooks/github", body, headers)
+
+    assert response.status_code == 400, response.text
+    [record] = door.records()
+    assert (record.event, record.details["status"]) == ("refused", 400)
+    assert reason in record.details["reason"]
+    assert record.details["delivery"] == headers["X-GitHub-Delivery"]
+    assert await door.wakes() == []
+
+
+async def test_body_nested_exactly_one_hundred_levels_is_queued(door: _Door) -> None:
+    """The nesting limit is 100 levels: a body at the limit is a delivery like any other."""
+    body = _nested(100)
+
+    response = await door.post("/hooks/github", body, github.headers("pull_request", body,
+                                                                     OLD_SECRET))
+
+    assert (response.status_code, response.json()["status"]) == (200, "queued")
+    assert len(await door.wakes()) == 1
+
+
+# --- refusal records name the delivery, summaries name the kinds (item 9) ---------------------
+
+
+@pytest.mark.parametrize(("path", "drop", "status"), [
+    pytest.param("/hooks/nowhere", None, 404, id="unknown-path"),
+    pytest.param("/hooks/github", "X-GitHub-Event", 400, id="missing-event"),
+    pytest.param("/hooks/github", "X-Hub-Signature-256", 401, id="missing-signature"),
+    pytest.param("/hooks/github", "big", 413, id="declared-too-large"),
+])
+async def test_every_refusal_names_the_delivery_the_sender_sent(
+    door: _Door, path: str, drop: str | None, status: int
+) -> None:
+    """404, 413 and missing-header refusals carry the delivery id too when one was sent."""
+    body, headers = _pull_request()
+    if drop == "big":
+        body = github.encode(github.pull_request_opened(body="x" * (LIMIT_BYTES + 4000)))
+        headers = github.headers("pull_request", body, OLD_SECRET)
+    elif drop is not None:
+        headers = _without(headers, drop)
+
+    response = await door.post(path, body, headers)
+
+    assert response.status_code == status
+    [record] = door.records()
+    assert record.details["delivery"] == headers["X-GitHub-Delivery"]
+
+
+async def test_suppressed_record_counts_each_kind_it_folds_in(door: _Door) -> None:
+    """A flood of mixed refusals is summarised by kind: which refusals, how many of each."""
+    forged_body, forged = _pull_request(secret="forged")
+    body, headers = _pull_request()
+    for _ in range(30):
+        await door.post("/hooks/github", forged_body, forged)
+    for _ in range(7):
+        await door.post("/hooks/github", body, _without(headers, "X-Hub-Signature-256"))
+    await door.client.get("/hooks/github")
+
+    await door.listener.stop()
+
+    summary = door.records()[-1]
+    assert summary.event == "suppressed"
+    assert summary.details["suppressed"] == 18
+    assert summary.details["kinds"] == {"401 bad signature": 10,
+                                        "401 signature required": 7, "405 use POST": 1}
+
+
+# --- slow senders and requests aiohttp rejects (item 8) ---------------------------------------
+
+
+async def _raw(door: _Door, data: bytes, *, then_wait: bool = True) -> bytes:
+    """Send ``data`` on a raw connection; return what the listener answered before closing."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", door.client.base_url.port)
+    writer.write(data)
+    try:
+        async with asyncio.timeout(REQUEST_TIMEOUT_S):
+            return await reader.read()
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+async def test_sender_too_slow_with_its_headers_is_answered_408_and_cut_off(door: _Door) -> None:
+    """Headers still incomplete at the deadline: 408, the connection closed, one record."""
+    answer = await _raw(door, b"POST /hooks/github HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Git")
+
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    await door.listener.stop()
+    [record] = door.records()
+    assert (record.event, record.details["status"], record.details["route"]) == (
+        "refused", 408, None)
+    assert record.details["reason"] == "request headers not received within 1 s"
+
+
+async def test_sender_too_slow_with_its_body_is_answered_408_with_its_delivery(
+    door: _Door,
+) -> None:
+    """A body still incomplete at its deadline: 408, closed, the refusal names the delivery."""
+    body, headers = _pull_request()
+    head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+
+    answer = await _raw(door, f"POST /hooks/github HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}"
+                        f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:100])
+
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    [record] = door.records()
+    assert (record.details["status"], record.details["reason"]) == (
+        408, "body not received within 1 s")
+    assert record.details["delivery"] == headers["X-GitHub-Delivery"]
+    assert await door.wakes() == []
+
+
+MALFORMED_REQUESTS = [
+    pytest.param(b"POST /hooks/github HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 10_240
+                 + b"\r\n\r\n", id="10kb-header"),
+    pytest.param(b"POST /hooks/github HTTP/1.1\rHost: x\r\n\r\n", id="bare-cr"),
+    pytest.param(b"POST /hooks/github HTTP/1.1\r\nHost: x\x00y\r\n\r\n", id="nul"),
+    pytest.param(b"POST /hooks/\x00 HTTP/1.1\r\nHost: x\r\n\r\n", id="nul-in-path"),
+]
+
+
+@pytest.mark.parametrize("data", MALFORMED_REQUESTS)
+async def test_request_the_parser_rejects_is_a_400_record_and_no_traceback(
+    door: _Door, data: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A request aiohttp rejects before the handler is answered 400 and audited, and the log
+    holds one line for it, never a traceback."""
+    answers = [await _raw(door, data) for _ in range(5)]
+    await door.listener.stop()
+
+    assert all(answer.split(b" ", 2)[1] == b"400" for answer in answers), answers
+    records = door.records()
+    assert [(r.event, r.details["status"]) for r in records] == [("refused", 400)] * 5
+    assert records[0].details["reason"].startswith("malformed request (")
+    logged = [r for r in caplog.records if r.name.startswith(("aiohttp", "bothy"))]
+    assert [r.exc_info for r in logged] == [None] * len(logged)
+    assert len([r for r in logged if "before reading it:" in r.getMessage()]) == 1
+    [summary] = [r.getMessage() for r in logged if "more requests refused" in r.getMessage()]
+    assert "4 more requests refused before reading them" in summary
 
 
 def _assert_no_secret_or_body_in(audit_path: Path) -> None:

@@ -7,6 +7,9 @@ whole security). Each listener serves only the routes on its side.
 What a sender hears, checked in this order:
 
 ====  ===============================================================================
+408   request headers not all in within the door's deadline (10 s tailnet, 5 s public):
+      answered and closed by ``bothy.wakes.httpserver`` before any route is looked at
+400   a request aiohttp's parser rejects (a header line over 8 KB, a bare CR, a NUL...)
 404   no route at this path (on this listener)
 405   a method other than POST
 413   a declared Content-Length over the route's ``max_body_bytes`` (nothing is read)
@@ -14,22 +17,29 @@ What a sender hears, checked in this order:
 503   no secret is configured for the route (none of its ``secret_env`` variables is set)
 401   no signature header
 413   a body found, while reading it in chunks, to run past ``max_body_bytes``
+408   a body not all in within the door's deadline (20 s tailnet, 10 s public)
 400   a body cut short (the sender hung up)
 401   a malformed or wrong signature (HMAC-SHA256 over the raw body, any configured secret)
-400   a body that is not a JSON object
+400   a body that is not an acceptable JSON object: not JSON, not UTF-8, not an object,
+      nested deeper than 100 levels, or holding a string no UTF-8 encoder takes
 200   ``ping`` (GitHub): audited, not queued
 200   queued: the delivery is durable (see ``bothy.wakes.inbox``) — or a duplicate, not queued
       again (the sender did nothing wrong)
-503   the delivery could not be made durable: the sender should retry
+503   the delivery could not be made durable: the sender should retry (the only 5xx for
+      anything a sender sent)
 ====  ===============================================================================
 
 Every answer other than 200 leaves one audit record (``webhook refused``, or ``webhook
-misconfigured`` for a missing secret) with the route, status, reason, delivery id and remote
-address, at most ``_REFUSALS_PER_WINDOW`` per route per window; the rest are counted and
-summarised in one ``webhook suppressed`` record when the window rolls (or the listener
-stops), so a flood cannot fill the disk. An accepted delivery is not audited here: the
-dispatcher records ``wake received`` from the durable file. Nothing here starts a run, and
-neither a secret nor a body is ever logged or audited.
+misconfigured`` for a missing secret) with the route, status, reason, delivery id (whenever
+the sender sent a well-formed one, whatever the refusal) and remote address, at most
+``_REFUSALS_PER_WINDOW`` per route per window; the rest are counted by kind (``"401 bad
+signature": 78``) and summarised in one ``webhook suppressed`` record when the window rolls
+(or the listener stops), so a flood cannot fill the disk. Requests refused before any route
+is known (404, and those the parser rejects or that were too slow) share the ``-`` bucket;
+those turned away before the handler are also logged, one line a window, never a traceback.
+An accepted delivery is not audited here: the dispatcher records ``wake received`` from the
+durable file. Nothing here starts a run, and neither a secret nor a body is ever logged or
+audited.
 
 No aiohttp type or exception leaves this module.
 """
@@ -45,17 +55,19 @@ import json
 import logging
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from aiohttp import ClientPayloadError, web
 
-from bothy.clock import Clock, from_us, to_us
+from bothy.clock import Clock, to_us
 from bothy.config import WebhookRoute
 from bothy.engine.audit import AuditLog
 from bothy.errors import BothyError, InboxError, ListenerError
+from bothy.wakes.httpserver import HttpServer, ReadDeadlines, Rejected
 from bothy.wakes.inbox import Accepted, Delivery, Inbox
+from bothy.wakes.refusals import Refusal, RefusalLimiter
 
 _UNKNOWN_ROUTE = "-"  # one refusal bucket for every path that names no route
 _REFUSALS_PER_WINDOW = 20
@@ -67,6 +79,13 @@ _SIGNATURE = re.compile(r"sha256=([0-9a-fA-F]{64})")
 _DELIVERY_ID = re.compile(r"[\x21-\x7e]{1,200}")  # visible ASCII: a GUID, or a sender's id
 _EVENT_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 _ACTION_MAX_CHARS = 100
+_MAX_DEPTH = 100  # GitHub's payloads are a handful of levels deep
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_CLOSING_STATUSES = frozenset({408, 413})
+# A sender that cannot get its headers out in seconds is not GitHub; the public (Funnel)
+# door, open to anyone, is held to the shorter deadlines.
+TAILNET_DEADLINES = ReadDeadlines(headers_s=10.0, body_s=20.0)
+PUBLIC_DEADLINES = ReadDeadlines(headers_s=5.0, body_s=10.0)
 _PRIVATE_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 _GITHUB_EVENT = "X-GitHub-Event"
 _GITHUB_DELIVERY = "X-GitHub-Delivery"
@@ -83,22 +102,6 @@ class _State(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class _Refusal:
-    """Why a delivery is turned away: what the audit says and what the sender hears."""
-
-    status: int
-    reason: str
-    answer: str
-    delivery: str | None = None
-    event: str = "refused"
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def outcome(self) -> str:
-        return "failed" if self.status >= 500 else "refused"
-
-
-@dataclass(frozen=True)
 class _Envelope:
     """What a delivery's headers say about it, before its body is trusted."""
 
@@ -107,50 +110,6 @@ class _Envelope:
     key: str
     hook_id: str | None
     signature: str | None
-
-
-@dataclass
-class _Window:
-    started_us: int
-    recorded: int = 0
-    suppressed: int = 0
-
-
-class _RefusalLimiter:
-    """At most ``limit`` refusal records per bucket per fixed window; the rest are counted."""
-
-    def __init__(self, limit: int, window_us: int) -> None:
-        self._limit = limit
-        self._window_us = window_us
-        self._windows: dict[str, _Window] = {}
-
-    def admit(self, bucket: str, now_us: int) -> tuple[bool, dict[str, Any] | None]:
-        """Whether to record this refusal, and the summary of a window that just rolled."""
-        window = self._windows.get(bucket)
-        summary = None
-        if window is None or now_us - window.started_us >= self._window_us:
-            if window is not None:
-                summary = self._summary(window, now_us)
-            window = self._windows[bucket] = _Window(now_us)
-        if window.recorded < self._limit:
-            window.recorded += 1
-            return True, summary
-        window.suppressed += 1
-        return False, summary
-
-    def drain(self, now_us: int) -> dict[str, dict[str, Any]]:
-        """Summaries of every window with suppressed refusals; forget all windows."""
-        summaries = {bucket: self._summary(window, now_us)
-                     for bucket, window in self._windows.items()}
-        self._windows.clear()
-        return {bucket: summary for bucket, summary in summaries.items() if summary is not None}
-
-    def _summary(self, window: _Window, now_us: int) -> dict[str, Any] | None:
-        if not window.suppressed:
-            return None
-        return {"suppressed": window.suppressed, "recorded": window.recorded,
-                "since": from_us(window.started_us).isoformat(),
-                "until": from_us(now_us).isoformat()}
 
 
 class WebhookListener:
@@ -166,16 +125,24 @@ class WebhookListener:
         environ: Mapping[str, str],
         clock: Clock,
         on_accepted: Callable[[], None] | None = None,
+        deadlines: ReadDeadlines | None = None,
     ) -> None:
         self._routes = {route.path: (name, route) for name, route in routes.items()
                         if route.public == public}
+        # Any delivery-id header a configured route reads, to name a delivery sent elsewhere.
+        self._delivery_headers = tuple(dict.fromkeys(
+            [_GITHUB_DELIVERY, *(route.delivery_header for route in routes.values()
+                                 if route.kind != "github")]))
         self._public = public
         self._inbox = inbox
         self._audit = audit
         self._environ = environ
         self._clock = clock
         self._on_accepted = on_accepted
-        self._limiter = _RefusalLimiter(_REFUSALS_PER_WINDOW, _REFUSAL_WINDOW_US)
+        self._deadlines = deadlines or (PUBLIC_DEADLINES if public else TAILNET_DEADLINES)
+        self._limiter = RefusalLimiter(_REFUSALS_PER_WINDOW, _REFUSAL_WINDOW_US)
+        self._log_limiter = RefusalLimiter(1, _REFUSAL_WINDOW_US)  # one log line a window
+        self._pending: set[asyncio.Task[None]] = set()  # refusal records of rejected requests
         self._runner: web.ServerRunner | None = None
         self._state = _State.NEW
 
@@ -186,17 +153,17 @@ class WebhookListener:
         """
         if self._state is not _State.NEW:
             raise RuntimeError(f"Cannot start a webhook listener that is {self._state}")
-        runner = web.ServerRunner(web.Server(self._handle, access_log=None),
-                                  shutdown_timeout=_SHUTDOWN_S)
+        server = HttpServer(self._handle, headers_s=self._deadlines.headers_s,
+                            on_rejected=self._rejected)
+        runner = web.ServerRunner(server, shutdown_timeout=_SHUTDOWN_S)
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()
         except OSError as exc:
             await runner.cleanup()
-            door = "public" if self._public else "tailnet"
             raise ListenerError(
-                f"Cannot listen for webhooks ({door}) on {host}:{port}: {exc.strerror or exc}",
-                host=host, port=port,
+                f"Cannot listen for webhooks ({self._door}) on {host}:{port}:"
+                f" {exc.strerror or exc}", host=host, port=port,
             ) from exc
         self._runner = runner
         self._state = _State.LISTENING
@@ -209,55 +176,73 @@ class WebhookListener:
         self._state = _State.STOPPED
         await self._runner.cleanup()
         self._runner = None
-        for bucket, summary in self._limiter.drain(to_us(self._clock())).items():
+        while self._pending:
+            await asyncio.gather(*self._pending)
+        now_us = to_us(self._clock())
+        for bucket, summary in self._limiter.drain(now_us).items():
             await self._record_suppressed(bucket, summary)
+        for summary in self._log_limiter.drain(now_us).values():
+            self._log_rejections(summary)
+
+    @property
+    def _door(self) -> str:
+        return "public" if self._public else "tailnet"
 
     # -- one request -----------------------------------------------------------------------
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         received_at = self._clock()
+        sent_id = self._delivery_sent(request)
         found = self._routes.get(request.path)
         if found is None:
             path = request.path[:200]
-            return await self._refuse(request, None, _Refusal(
-                404, f"no route at {path!r}", "no webhook route here"))
+            return await self._refuse(request, None, Refusal(
+                404, f"no route at {path!r}", "no webhook route here", delivery=sent_id))
         name, route = found
         answer = await self._receive(request, name, route, received_at)
-        if isinstance(answer, _Refusal):
-            return await self._refuse(request, name, answer)
+        if isinstance(answer, Refusal):
+            return await self._refuse(request, name, answer.naming(sent_id))
         return answer
+
+    def _delivery_sent(self, request: web.BaseRequest) -> str | None:
+        """The delivery id the sender gave, under any header a route reads, if well formed."""
+        for header in self._delivery_headers:
+            value = request.headers.get(header)
+            if value is not None and _DELIVERY_ID.fullmatch(value):
+                return value
+        return None
 
     async def _receive(
         self, request: web.BaseRequest, name: str, route: WebhookRoute, received_at: datetime
-    ) -> web.StreamResponse | _Refusal:
+    ) -> web.StreamResponse | Refusal:
         """Check, read, verify, parse, then store: each step may refuse."""
         if request.method != "POST":
-            return _Refusal(405, f"method {request.method[:20]} is not POST", "use POST",
-                            headers={"Allow": "POST"})
+            return Refusal(405, f"method {request.method[:20]} is not POST", "use POST",
+                           headers={"Allow": "POST"})
         declared = request.content_length
         if declared is not None and declared > route.max_body_bytes:
             return _too_large(declared, route)
         envelope = _envelope(route, request)
-        if isinstance(envelope, _Refusal):
+        if isinstance(envelope, Refusal):
             return envelope
         keys = _secrets(route, self._environ)
         if not keys:
-            return _Refusal(503, "no secret is configured: none of "
-                            f"{', '.join(route.secret_env)} is set", "webhook not configured",
-                            delivery=envelope.delivery_id, event="misconfigured")
+            return Refusal(503, "no secret is configured: none of "
+                           f"{', '.join(route.secret_env)} is set", "webhook not configured",
+                           delivery=envelope.delivery_id, event="misconfigured")
         if envelope.signature is None:
-            return _Refusal(401, f"no {_signature_header(route)} header", "signature required",
-                            delivery=envelope.delivery_id)
+            return Refusal(401, f"no {_signature_header(route)} header", "signature required",
+                           delivery=envelope.delivery_id)
         await _continue(request)
-        body = await _read_body(request, route)
-        if isinstance(body, _Refusal):
-            return _with_delivery(body, envelope.delivery_id)
+        body = await _read_body(request, route, self._deadlines.body_s)
+        if isinstance(body, Refusal):
+            return body.naming(envelope.delivery_id)
         if len(body) > _THREAD_WORK_BYTES:
             payload = await asyncio.to_thread(_verify_and_parse, body, envelope, keys)
         else:
             payload = _verify_and_parse(body, envelope, keys)
-        if isinstance(payload, _Refusal):
-            return _with_delivery(payload, envelope.delivery_id)
+        if isinstance(payload, Refusal):
+            return payload.naming(envelope.delivery_id)
         if route.kind == "github" and envelope.event == "ping":
             return await self._ping(request, name, envelope)
         delivery = Delivery(route=name, key=envelope.key, event=envelope.event,
@@ -267,12 +252,12 @@ class WebhookListener:
 
     async def _store(
         self, delivery: Delivery, envelope: _Envelope
-    ) -> web.StreamResponse | _Refusal:
+    ) -> web.StreamResponse | Refusal:
         try:
             outcome = await self._inbox.accept(delivery)
         except InboxError as exc:
-            return _Refusal(503, f"cannot be made durable: {exc}", "not stored; retry later",
-                            delivery=envelope.delivery_id)
+            return Refusal(503, f"cannot be made durable: {exc}", "not stored; retry later",
+                           delivery=envelope.delivery_id)
         if isinstance(outcome, Accepted):
             if self._on_accepted is not None:
                 self._on_accepted()
@@ -289,23 +274,58 @@ class WebhookListener:
         return web.json_response({"status": "ok", "event": "ping"})
 
     async def _refuse(
-        self, request: web.BaseRequest, name: str | None, refusal: _Refusal
+        self, request: web.BaseRequest, name: str | None, refusal: Refusal
     ) -> web.StreamResponse:
+        forwarded = request.headers.get("X-Forwarded-For")
+        await self._audit_refusal(name, refusal, request.remote,
+                                  forwarded[:200] if forwarded else None)
+        response = web.json_response({"error": refusal.answer}, status=refusal.status,
+                                     headers=dict(refusal.headers))
+        if refusal.status in _CLOSING_STATUSES:  # do not wait on the rest of such a body
+            response.force_close()
+        return response
+
+    async def _audit_refusal(
+        self, name: str | None, refusal: Refusal, remote: str | None, forwarded: str | None
+    ) -> None:
         bucket = name or _UNKNOWN_ROUTE
-        write, rolled = self._limiter.admit(bucket, to_us(self._clock()))
+        write, rolled = self._limiter.admit(bucket, refusal.kind, to_us(self._clock()))
         if rolled is not None:
             await self._record_suppressed(bucket, rolled)
+        if not write:
+            return
+        details: dict[str, Any] = {
+            "route": name, "status": refusal.status, "reason": refusal.reason,
+            "delivery": refusal.delivery, "remote": remote,
+        }
+        if forwarded:
+            details["forwarded_for"] = forwarded
+        await self._record(refusal.event, refusal.outcome, name, details)
+
+    # -- requests aiohttp turned away before the handler ------------------------------------
+
+    def _rejected(self, rejected: Rejected) -> None:
+        """Count a request rejected before the handler: logged once a window, audited as any
+        other refusal (under the limiter), never with aiohttp's traceback."""
+        kind = "too slow" if rejected.status == 408 else rejected.reason  # names the error
+        refusal = Refusal(rejected.status, rejected.reason, kind)
+        write, rolled = self._log_limiter.admit(self._door, refusal.kind, to_us(self._clock()))
+        if rolled is not None:
+            self._log_rejections(rolled)
         if write:
-            details: dict[str, Any] = {
-                "route": name, "status": refusal.status, "reason": refusal.reason,
-                "delivery": refusal.delivery, "remote": request.remote,
-            }
-            forwarded = request.headers.get("X-Forwarded-For")
-            if forwarded:
-                details["forwarded_for"] = forwarded[:200]
-            await self._record(refusal.event, refusal.outcome, name, details)
-        return web.json_response({"error": refusal.answer}, status=refusal.status,
-                                 headers=dict(refusal.headers))
+            _log.warning("webhook listener (%s): refused a request from %s before reading it:"
+                         " %s %s; more in the next %d s are counted, not logged", self._door,
+                         rejected.remote, rejected.status, rejected.reason,
+                         _REFUSAL_WINDOW_US // 1_000_000)
+        task = asyncio.get_running_loop().create_task(
+            self._audit_refusal(None, refusal, rejected.remote, None))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    def _log_rejections(self, summary: dict[str, Any]) -> None:
+        kinds = ", ".join(f"{count} × {kind}" for kind, count in summary["kinds"].items())
+        _log.warning("webhook listener (%s): %d more requests refused before reading them"
+                     " since %s: %s", self._door, summary["suppressed"], summary["since"], kinds)
 
     async def _record_suppressed(self, bucket: str, summary: dict[str, Any]) -> None:
         name = None if bucket == _UNKNOWN_ROUTE else bucket
@@ -325,7 +345,7 @@ class WebhookListener:
 # -- steps (pure, or reading the request) ------------------------------------------------------
 
 
-def _envelope(route: WebhookRoute, request: web.BaseRequest) -> _Envelope | _Refusal:
+def _envelope(route: WebhookRoute, request: web.BaseRequest) -> _Envelope | Refusal:
     headers = request.headers
     if route.kind == "github":
         event_header, delivery_header = _GITHUB_EVENT, _GITHUB_DELIVERY
@@ -335,14 +355,14 @@ def _envelope(route: WebhookRoute, request: web.BaseRequest) -> _Envelope | _Ref
     delivery_id = headers.get(delivery_header)
     if event is None or delivery_id is None:
         missing = event_header if event is None else delivery_header
-        return _Refusal(400, f"no {missing} header", f"missing header {missing}")
+        return Refusal(400, f"no {missing} header", f"missing header {missing}")
     for header, value, pattern in ((event_header, event, _EVENT_NAME),
                                    (delivery_header, delivery_id, _DELIVERY_ID)):
         if not pattern.fullmatch(value):
-            return _Refusal(400, f"malformed {header} header", f"malformed header {header}")
+            return Refusal(400, f"malformed {header} header", f"malformed header {header}")
     hook_id = headers.get(_GITHUB_HOOK_ID) if route.kind == "github" else None
     if hook_id is not None and not _DELIVERY_ID.fullmatch(hook_id):
-        return _Refusal(400, f"malformed {_GITHUB_HOOK_ID} header",
+        return Refusal(400, f"malformed {_GITHUB_HOOK_ID} header",
                         f"malformed header {_GITHUB_HOOK_ID}", delivery=delivery_id)
     # The GUID names the event, shared by every hook it is sent to (contracts.md §1.5).
     key = f"{delivery_id}:{hook_id or '-'}" if route.kind == "github" else delivery_id
@@ -368,51 +388,94 @@ async def _continue(request: web.BaseRequest) -> None:
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
 
-async def _read_body(request: web.BaseRequest, route: WebhookRoute) -> bytes | _Refusal:
-    """The raw body, read in chunks and never past ``max_body_bytes`` + one chunk."""
+async def _read_body(
+    request: web.BaseRequest, route: WebhookRoute, deadline_s: float
+) -> bytes | Refusal:
+    """The raw body, read in chunks, never past ``max_body_bytes`` + one chunk, and all of it
+    within ``deadline_s`` (a sender trickling its body holds a connection no longer)."""
     chunks: list[bytes] = []
     size = 0
     try:
-        while chunk := await request.content.read(_READ_CHUNK_BYTES):
-            size += len(chunk)
-            if size > route.max_body_bytes:
-                return _too_large(size, route, at_least=True)
-            chunks.append(chunk)
+        async with asyncio.timeout(deadline_s):
+            while chunk := await request.content.read(_READ_CHUNK_BYTES):
+                size += len(chunk)
+                if size > route.max_body_bytes:
+                    return _too_large(size, route, at_least=True)
+                chunks.append(chunk)
+    except TimeoutError:
+        return Refusal(408, f"body not received within {deadline_s:g} s", "too slow")
     except (ClientPayloadError, ConnectionError, asyncio.IncompleteReadError) as exc:
-        return _Refusal(400, f"body could not be read: {type(exc).__name__}",
-                        "body could not be read")
+        return Refusal(400, f"body could not be read: {type(exc).__name__}",
+                       "body could not be read")
     return b"".join(chunks)
 
 
-def _too_large(size: int, route: WebhookRoute, *, at_least: bool = False) -> _Refusal:
+def _too_large(size: int, route: WebhookRoute, *, at_least: bool = False) -> Refusal:
     figure = f"at least {size:,}" if at_least else f"{size:,}"
-    return _Refusal(413, f"body of {figure} bytes is over the route's limit of"
+    return Refusal(413, f"body of {figure} bytes is over the route's limit of"
                     f" {route.max_body_bytes:,}", "body too large")
 
 
 def _verify_and_parse(
     body: bytes, envelope: _Envelope, keys: list[bytes]
-) -> dict[str, Any] | _Refusal:
+) -> dict[str, Any] | Refusal:
     """Check the signature over the raw bytes received, and only then parse them."""
     match = _SIGNATURE.fullmatch(envelope.signature or "")
     if match is None:
-        return _Refusal(401, "signature is not of the form sha256=<64 hex>", "bad signature")
+        return Refusal(401, "signature is not of the form sha256=<64 hex>", "bad signature")
     given = match.group(1).lower().encode("ascii")
     matched = False
     for key in keys:  # every key is tried: how many were tried does not show in the timing
         expected = hmac.new(key, body, hashlib.sha256).hexdigest().encode("ascii")
         matched |= hmac.compare_digest(expected, given)
     if not matched:
-        return _Refusal(401, "signature does not match the body", "bad signature")
+        return Refusal(401, "signature does not match the body", "bad signature")
+    return _parse(body)
+
+
+def _parse(body: bytes) -> dict[str, Any] | Refusal:
+    """The body as a JSON object every later step can handle, or why it is not one."""
     try:
         payload = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError):
-        return _Refusal(400, "body is not JSON (is the webhook's content type"
-                        " application/json?)", "body is not JSON")
+        return Refusal(400, "body is not JSON (is the webhook's content type"
+                       " application/json?)", "body is not JSON")
+    except RecursionError:  # the decoder gives up near 1,000 levels
+        return _too_deep()
     if not isinstance(payload, dict):
-        return _Refusal(400, f"body is JSON but not an object ({type(payload).__name__})",
-                        "body is not a JSON object")
+        return Refusal(400, f"body is JSON but not an object ({type(payload).__name__})",
+                       "body is not a JSON object")
+    return _acceptable(payload)
+
+
+def _acceptable(payload: dict[str, Any]) -> dict[str, Any] | Refusal:
+    """Walk the object (without recursion): no deeper than ``_MAX_DEPTH``, and no string a
+    UTF-8 encoder would refuse later (a lone surrogate escaped as ``\\ud800``)."""
+    stack: list[tuple[Any, int]] = [(payload, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list) and depth > _MAX_DEPTH:
+            return _too_deep()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if _SURROGATE.search(key):
+                    return _not_unicode()
+                stack.append((item, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str) and _SURROGATE.search(value):
+            return _not_unicode()
     return payload
+
+
+def _too_deep() -> Refusal:
+    return Refusal(400, f"body is JSON nested deeper than {_MAX_DEPTH} levels",
+                   "body nested too deep")
+
+
+def _not_unicode() -> Refusal:
+    return Refusal(400, "body is JSON with a string that is not Unicode (a lone surrogate)",
+                   "body is not valid JSON text")
 
 
 def _action(payload: Mapping[str, Any]) -> str | None:
@@ -425,11 +488,6 @@ def _action(payload: Mapping[str, Any]) -> str | None:
 def _kept_headers(request: web.BaseRequest) -> dict[str, str]:
     return {name.lower(): value for name, value in request.headers.items()
             if name.lower() not in _PRIVATE_HEADERS}
-
-
-def _with_delivery(refusal: _Refusal, delivery_id: str) -> _Refusal:
-    return _Refusal(refusal.status, refusal.reason, refusal.answer, delivery=delivery_id,
-                    event=refusal.event, headers=refusal.headers)
 
 
 def _subject(name: str | None) -> str | None:
