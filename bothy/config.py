@@ -28,6 +28,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from bothy.errors import ConfigError
 
@@ -113,13 +114,53 @@ class BudgetConfig(_Section):
         return self
 
 
+# A key that names a credential, unless it names a variable holding one (``env_key``); and
+# the shapes of well-known tokens wherever they appear.
+_SECRET_KEY = re.compile(r"key|token|secret|passw|credential|authorization|bearer|cookie",
+                         re.IGNORECASE)
+_NAMES_A_VARIABLE = re.compile(r"(^|_)env_(key|vars?|http_headers)$|_env(_var)?$",
+                               re.IGNORECASE)
+_SECRET_VALUE = re.compile(
+    r"^(sk-|sk_live_|ghp_|gho_|ghs_|ghu_|github_pat_|glpat-|xox[abpr]-|xapp-|AKIA[0-9A-Z]{12}"
+    r"|AIza|Bearer\s|Basic\s)")
+_SECRET_INLINE = "secret_inline"  # an error whose input must never be echoed
+
+
+def _no_inline_secret(config: dict[str, Any]) -> dict[str, Any]:
+    """Refuse ``codex.config`` holding what looks like a secret: it would ride on the worker's
+    command line as ``-c key=value``, readable by anyone running ``ps``."""
+    stack: list[tuple[str, Any, bool]] = [(key, value, False) for key, value in config.items()]
+    while stack:
+        dotted, value, named = stack.pop()
+        leaf = dotted.rsplit(".", 1)[-1]
+        names = named or bool(_NAMES_A_VARIABLE.search(leaf))
+        if isinstance(value, dict):
+            stack += [(f"{dotted}.{key}", item, names) for key, item in value.items()]
+        elif isinstance(value, list):
+            stack += [(f"{dotted}[{index}]", item, names) for index, item in enumerate(value)]
+        elif isinstance(value, str) and value and _looks_secret(leaf, value, names):
+            raise PydanticCustomError(_SECRET_INLINE, (
+                f"codex.config.{dotted} holds what looks like a secret, which would ride on "
+                "the worker's command line (visible in ps): remove it and pass it through the "
+                "environment (list the variable in codex.env; a provider reads it by env_key) "
+                "or a file only you can read (mode 0600)"))
+    return config
+
+
+def _looks_secret(leaf: str, value: str, names_a_variable: bool) -> bool:
+    if _SECRET_VALUE.match(value):
+        return True
+    return not names_a_variable and bool(_SECRET_KEY.search(leaf.split("[", 1)[0]))
+
+
 class CodexConfig(_Section):
     """How the worker is started: the codex app-server and what it may see."""
 
     command: list[str] = Field(default_factory=lambda: ["codex", "app-server"], min_length=1)
     home: Path | None = None
     model: str | None = None
-    config: dict[str, Any] = Field(default_factory=dict)
+    config: Annotated[dict[str, Any], AfterValidator(_no_inline_secret)] = Field(
+        default_factory=dict)
     env: EnvNames = Field(default_factory=list)
 
 
@@ -540,6 +581,8 @@ def _explain(exc: ValidationError, path: Path) -> ConfigError:
             detail = f"unknown key (allowed here: {', '.join(allowed)})"
         elif error["type"] == "missing":
             detail = "required key is missing"
+        elif error["type"] == _SECRET_INLINE:  # never echo the value back
+            detail = str(error["msg"])
         else:
             message = str(error["msg"]).removeprefix("Value error, ")
             got = repr(error.get("input"))

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.fakes.codex import PROVIDER_ENV
 from tests.fakes.model_server import ModelServer, failed, http_error, stall, text, tool_call
 from tests.fakes.shell import Shell
 from tests.fakes.site import Completed, Site
@@ -391,6 +392,54 @@ async def test_bothys_own_secrets_never_reach_the_worker(site: Site, server: Mod
     assert slack_token not in printed
     assert webhook_secret not in printed
     assert "SLACK_BOT_TOKEN" not in printed
+
+
+@pytest.mark.codex
+async def test_the_models_shell_commands_see_no_key_codex_was_given(
+    tmp_path: Path, server: ModelServer
+) -> None:
+    """Every codex.env variable, and anything named like a key, token or secret, is kept from
+    the shell commands codex runs for the model; codex itself still reaches its provider."""
+    passed = {"DEPLOY_LOGIN": "deploy-login-5521", "ACME_ACCESS_TOKEN": "acme-token-8830"}
+    site = Site(tmp_path, server.base_url,
+                codex={"env": [*PROVIDER_ENV, *passed]})
+    server.script(tool_call("exec_command", {"cmd": "env"}), text("done"))
+
+    done = await site.bothy("run", "print the environment", "--subject", "demo", **passed)
+
+    assert done.code == 0, done.stderr
+    outputs = [item for item in server.requests[1]["input"]
+               if item.get("type") == "function_call_output"]
+    assert len(outputs) == 1
+    printed = json.dumps(outputs[0]["output"])
+    assert "PATH=" in printed and "CODEX_HOME=" in printed  # the command did print env
+    for name, value in {**PROVIDER_ENV, **passed}.items():
+        assert name not in printed
+        assert value not in printed
+
+
+@pytest.mark.parametrize(("inline", "key"), [
+    ({"model_providers": {"fake": {"experimental_bearer_token": "hunter2-4471"}}},
+     "codex.config.model_providers.fake.experimental_bearer_token"),
+    ({"mcp_servers": {"gh": {"command": "gh-mcp", "env": {"GITHUB_TOKEN": "hunter2-4471"}}}},
+     "codex.config.mcp_servers.gh.env.GITHUB_TOKEN"),
+    ({"notify_note": "sk-proj-hunter2-4471"}, "codex.config.notify_note"),
+])
+async def test_a_secret_inline_in_codex_config_is_refused_naming_its_key(
+    site: Site, inline: dict[str, Any], key: str
+) -> None:
+    """A secret-looking value in codex.config would show in `ps` on the worker's command line:
+    `bothy run` exits 78 naming the key and the way to pass it, never echoing the value."""
+    site.config["codex"]["config"] = {**site.config["codex"]["config"], **inline}
+    site.write_config(site.config)
+
+    done = await site.bothy("run", "hello", "--subject", "demo")
+
+    assert done.code == 78
+    assert f"{key} holds what looks like a secret" in done.stderr
+    assert "codex.env" in done.stderr and "0600" in done.stderr
+    assert "hunter2" not in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr
 
 
 # --- usage errors ---------------------------------------------------------------------

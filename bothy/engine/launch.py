@@ -7,6 +7,13 @@ process group Bothy supervises are the real worker's (on Node 20 the shim stays 
 The worker's environment is built from nothing: a short list of harmless variables, then the
 names the operator lists in ``codex.env``. Bothy's own secrets (chat tokens, webhook secrets)
 are never passed.
+
+Codex itself needs the ``codex.env`` variables (the provider's API key), but the shell commands
+it runs for the model must not see them: a model told to run ``env`` would read the key back.
+So every worker is started with a ``shell_environment_policy`` that excludes each ``codex.env``
+name and anything named like a credential (``*KEY*``, ``*TOKEN*``, ``*SECRET*``...), with
+Codex's own default excludes switched on (codex 0.171.0 leaves them off unless told). An
+operator's own ``shell_environment_policy`` keys are kept; their ``exclude`` list is added to.
 """
 
 from __future__ import annotations
@@ -36,6 +43,10 @@ _BASELINE_OVERRIDES: dict[str, Any] = {
     "feedback": {"enabled": False},
 }
 
+# Names of variables the model's shell commands never see (case-insensitive globs, as Codex
+# matches them), on top of every ``codex.env`` name.
+SHELL_EXCLUDES = ("*KEY*", "*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*CREDENTIAL*")
+
 _NPM_PLATFORM_PACKAGES = {
     ("Linux", "x86_64"): ("codex-linux-x64", "x86_64-unknown-linux-musl"),
     ("Linux", "aarch64"): ("codex-linux-arm64", "aarch64-unknown-linux-musl"),
@@ -57,7 +68,8 @@ def build_launch(cfg: CodexConfig, environ: Mapping[str, str] | None = None) -> 
     """Resolve the command and build the worker's argv and environment."""
     env_in = os.environ if environ is None else environ
     executable = resolve_executable(cfg.command[0], env_in.get("PATH", os.defpath), cfg.command)
-    overrides = config_overrides(_merge(_BASELINE_OVERRIDES, cfg.config))
+    overrides = config_overrides(_merge(_merge(_BASELINE_OVERRIDES, cfg.config),
+                                        _shell_policy(cfg)))
     if cfg.model is not None:
         overrides += ["-c", f"model={_toml_value(cfg.model)}"]
     codex_home = cfg.home or Path(env_in.get("CODEX_HOME") or Path.home() / ".codex")
@@ -66,6 +78,18 @@ def build_launch(cfg: CodexConfig, environ: Mapping[str, str] | None = None) -> 
     env["CODEX_HOME"] = str(codex_home)
     env.setdefault("RUST_LOG", "warn")
     return Launch([str(executable), *cfg.command[1:], *overrides], env, codex_home)
+
+
+def _shell_policy(cfg: CodexConfig) -> dict[str, Any]:
+    """The ``shell_environment_policy`` keys Bothy insists on, merged over the operator's."""
+    policy = cfg.config.get("shell_environment_policy")
+    own = policy if isinstance(policy, Mapping) else {}
+    theirs = own.get("exclude")
+    excludes = [*(theirs if isinstance(theirs, list) else []), *cfg.env, *SHELL_EXCLUDES]
+    return {"shell_environment_policy": {
+        "ignore_default_excludes": bool(own.get("ignore_default_excludes", False)),
+        "exclude": list(dict.fromkeys(excludes)),
+    }}
 
 
 def resolve_executable(name: str, search_path: str, command: list[str]) -> Path:
