@@ -1,11 +1,14 @@
 """Where everything lives: ``$BOTHY_HOME`` (default ``~/.bothy``) and its layout.
 
-Directories are created 0700 and files holding secrets or payloads 0600 (SPEC §1).
+Directories are created 0700 and files holding secrets or payloads 0600 (SPEC §1). A home
+made by hand (``mkdir -p`` gives 0755) is tightened to 0700 when a command that writes state
+starts; ``bothy doctor`` warns about a config file others can read (:func:`loose_mode`).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,7 +63,8 @@ class BothyHome:
         return self.root / "sops"
 
     def ensure(self) -> None:
-        """Create the state layout (0700 directories). Raise StateError if it cannot be."""
+        """Create the state layout (0700 directories) and tighten the home to 0700 if group or
+        others may enter it. Raise StateError if either cannot be done."""
         for directory in (self.root, self.state_dir, self.runs_dir):
             try:
                 directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -68,3 +72,25 @@ class BothyHome:
                 raise StateError(f"cannot create {directory}: {exc.strerror}") from exc
             if not os.access(directory, os.W_OK | os.X_OK):
                 raise StateError(f"{directory} is not writable by this user")
+        self._tighten()
+
+    def _tighten(self) -> None:
+        mode = loose_mode(self.root)
+        if mode is None:
+            return
+        try:
+            self.root.chmod(0o700)
+        except OSError as exc:
+            raise StateError(
+                f"{self.root} is mode {mode:04o} (group or others may read it) and cannot be"
+                f" tightened to 0700: {exc.strerror}; run chmod 700 {self.root}") from exc
+
+
+def loose_mode(path: os.PathLike[str] | str) -> int | None:
+    """The permission bits of ``path`` if group or others have any; None if they have none
+    or it does not exist."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return None
+    return mode if mode & 0o077 else None
