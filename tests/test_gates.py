@@ -182,6 +182,35 @@ async def test_run_waits_while_the_pool_is_full(server: ModelServer, tmp_path: P
 
 
 @pytest.mark.codex
+@pytest.mark.timeout(120)
+async def test_a_freed_slot_goes_to_the_earliest_admitted_waiter_across_processes(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """Four `bothy run` processes in four lanes wait for a pool of one: they start in the
+    order they were admitted, whichever polls first (issue 10 item 2)."""
+    lanes = ["lane:b", "lane:c", "lane:d", "lane:e"]
+    server.script(stall(), *(text(f"done in {lane}") for lane in lanes))
+    site = Site(tmp_path, server.base_url, pool={"max_workers": 1})
+    async with Shell(site) as shell:
+        busy = await shell.start("run", "long job", "--subject", "lane:a")
+        busy_id = await busy.admitted()
+        await server.wait_for_requests(1)
+        waiting = []
+        for lane in lanes:
+            waiter = await shell.start("run", f"job in {lane}", "--subject", lane)
+            waiting.append((await waiter.admitted(), waiter))
+            await waiter.line(r"^bothy: waiting: pool full \(1 of 1 workers busy\)$")
+
+        assert (await shell.bothy("cancel", str(busy_id))).code == 0
+        for _, waiter in waiting:
+            assert (await waiter.finish()).code == 0
+
+    started = [str(r.run_id) for r in audit_records(site, lambda r: (r.kind, r.event) == (
+        "run", "started"))]
+    assert started == [busy_id] + [run_id for run_id, _ in waiting]
+
+
+@pytest.mark.codex
 async def test_cancelling_a_queued_run_ends_it_without_a_worker(
     server: ModelServer, tmp_path: Path
 ) -> None:

@@ -5,8 +5,13 @@ order. The pool caps how many runs work at once on the machine (``pool.max_worke
 are decided in one ``BEGIN IMMEDIATE`` transaction against the shared state, so separate
 ``bothy`` processes queue behind each other as one.
 
-Waiting is polling with a short, growing interval: processes share no channel but SQLite, and
-a poll costs one small read.
+A free slot goes to the earliest-admitted run whose lane is free, whichever process owns it
+and whichever polls first: a later run that finds a slot while an earlier one is still
+waiting for it waits too, so nobody is overtaken by a luckier poll.
+
+Waiting across processes is polling with a short, growing interval: processes share no channel
+but SQLite, and a poll costs one small read. Within one process a waiter is woken at once when
+:meth:`WorkerPool.freed` says a slot or a lane came free.
 """
 
 from __future__ import annotations
@@ -22,6 +27,15 @@ from bothy.engine.state import StateDB
 
 _POLL_FIRST_S = 0.05
 _POLL_MAX_S = 0.5
+
+# The earliest queued run, admitted before the one asking (seq < ?), that is not cancelled and
+# has nobody ahead of it in its own lane: it, not the asker, is due the next free slot.
+_EARLIEST_READY = (
+    "SELECT run_id FROM runs AS r WHERE r.status = 'queued' AND r.seq < ?"
+    " AND r.cancel_requested_us IS NULL AND NOT EXISTS (SELECT 1 FROM runs AS a"
+    " WHERE a.subject = r.subject AND a.seq < r.seq AND a.status IN ('queued', 'running'))"
+    " ORDER BY r.seq LIMIT 1"
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +64,12 @@ class WorkerPool:
         self._db = db
         self._cfg = cfg
         self._clock = clock
+        self._freed = asyncio.Event()
+
+    def freed(self) -> None:
+        """A run of this process finished or was withdrawn: wake this process's waiters now."""
+        self._freed.set()
+        self._freed = asyncio.Event()
 
     async def try_claim(self, run_id: str) -> Claimed | Waiting | Withdrawn:
         async with self._db.transaction():
@@ -73,6 +93,9 @@ class WorkerPool:
             busy = await self._db.scalar("SELECT COUNT(*) FROM runs WHERE status = 'running'")
             if busy >= self._cfg.max_workers:
                 return Waiting(f"pool full ({busy} of {self._cfg.max_workers} workers busy)")
+            earlier = await self._db.fetch_one(_EARLIEST_READY, (row["seq"],))
+            if earlier is not None:
+                return Waiting(f"pool slot due first to {earlier['run_id']}, admitted earlier")
             await self._db.execute(
                 "UPDATE runs SET status = 'running', started_us = ? WHERE run_id = ?",
                 (to_us(self._clock()), run_id),
@@ -94,15 +117,22 @@ class WorkerPool:
         interval_s = _POLL_FIRST_S
         last_reason: str | None = None
         while True:
+            freed = self._freed  # taken before the try: a free during it is not missed
             await between_tries()
             decision = await self.try_claim(run_id)
             if not isinstance(decision, Waiting):
+                if isinstance(decision, Withdrawn):
+                    self.freed()  # whoever waited behind it may go
                 return decision
             if decision.reason != last_reason:
                 on_wait(decision)
                 last_reason = decision.reason
-            await asyncio.sleep(interval_s)
-            interval_s = min(interval_s * 2, _POLL_MAX_S)
+            try:
+                async with asyncio.timeout(interval_s):
+                    await freed.wait()
+                interval_s = _POLL_FIRST_S  # woken: something moved, look again soon
+            except TimeoutError:
+                interval_s = min(interval_s * 2, _POLL_MAX_S)
 
     async def attach_worker(self, run_id: str, record: GroupRecord) -> None:
         """Persist the worker's group, as soon as it is spawned, so that a later Bothy can end
