@@ -183,8 +183,8 @@ async def test_recover_gives_one_row_to_a_file_left_without_one(inbox: Inbox,
     (inbox.root / payload_name("github", crashed.key)).write_bytes(encode_payload_file(crashed))
     await inbox.accept(_delivery("guid-ok:h"))
 
-    assert await inbox.recover() == 1
-    assert await inbox.recover() == 0
+    assert len(await inbox.recover()) == 1
+    assert len(await inbox.recover()) == 0
 
     rows = await _rows(db)
     assert sorted(r.key for r in rows) == ["guid-crash:h", "guid-ok:h"]
@@ -198,7 +198,7 @@ async def test_recover_after_a_lost_row_restores_exactly_one(inbox: Inbox, db: S
     await inbox.accept(_delivery())
     await db.execute("DELETE FROM wakes")
 
-    assert await inbox.recover() == 1
+    assert len(await inbox.recover()) == 1
 
     [row] = await _rows(db)
     assert (row.key, row.status) == ("guid-1:hook-1", "queued")
@@ -210,13 +210,32 @@ async def test_recover_skips_temporary_and_damaged_files(inbox: Inbox, db: State
     (inbox.root / ".tmp-0123456789abcdef").write_bytes(encode_payload_file(_delivery("a:h")))
     (inbox.root / payload_name("github", "b:h")).write_bytes(b"garbage")
 
-    assert await inbox.recover() == 0
+    assert len(await inbox.recover()) == 0
     assert await _rows(db) == []
 
 
 async def test_recover_of_an_inbox_that_does_not_exist_yet_finds_nothing(inbox: Inbox) -> None:
     """A fresh home has no inbox directory; recovering it is not an error."""
-    assert await inbox.recover() == 0
+    assert len(await inbox.recover()) == 0
+
+
+async def test_recover_closes_a_file_the_register_shows_already_ran(
+    inbox: Inbox, db: StateDB
+) -> None:
+    """After a state database restored from an older copy, a delivery the register shows ran
+    gets its row back closed, with that run, and is not queued to run again."""
+    await inbox.accept(_delivery("guid-ran:h"))
+    await inbox.accept(_delivery("guid-new:h"))
+    await db.execute("DELETE FROM wakes")  # the restored copy predates both rows
+    ran = {("github", "guid-ran:h"): "run_20260924T101402Z_0000abcd"}
+
+    reinserted = await inbox.recover(lambda route, key: ran.get((route, key)))
+
+    assert sorted((r.key, r.ran_as) for r in reinserted) == [
+        ("guid-new:h", None), ("guid-ran:h", "run_20260924T101402Z_0000abcd")]
+    assert [w.key for w in await inbox.due(to_us(T0) + 1)] == ["guid-new:h"]
+    closed = {r.key: r for r in await _rows(db)}["guid-ran:h"]
+    assert (closed.status, closed.run_id) == ("done", "run_20260924T101402Z_0000abcd")
 
 
 # -- the dispatcher's side -------------------------------------------------------------------

@@ -43,6 +43,7 @@ import os
 import secrets
 import sqlite3
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -98,6 +99,19 @@ class Duplicate:
     """The delivery was seen before and is not queued again (``wake_id`` None if forgotten)."""
 
     wake_id: int | None
+
+
+@dataclass(frozen=True)
+class Reinserted:
+    """A payload file that had no row and got one at start-up; ``ran_as`` the run that the
+    register shows already ran it (then the wake is closed, not queued)."""
+
+    wake_id: int
+    source: str
+    route: str
+    key: str
+    file: str
+    ran_as: str | None
 
 
 @dataclass(frozen=True)
@@ -236,18 +250,23 @@ class Inbox:
         )
         return int(row[0]) if row is not None else None
 
-    async def recover(self) -> int:
-        """Give a row to every payload file that has none (a crash between file and row).
+    async def recover(
+        self, ran_as: Callable[[str, str], str | None] | None = None
+    ) -> list[Reinserted]:
+        """Give a row to every payload file that has none, and say what each became.
 
-        Run it at start-up, before the listeners. Returns how many wakes it queued. A file
-        that cannot be read back is left where it is, and logged.
+        A file without a row is a crash between file and row, or a state database restored
+        from an older copy. ``ran_as(route, key)`` names the run the register shows already
+        ran that delivery: such a wake is recorded closed (``done``, with that run), never
+        queued to run again. Every other one is queued. Run it at start-up, before the
+        listeners. A file that cannot be read back is left where it is, and logged.
         """
         known = {row["file"] for row in await self._db.fetch_all("SELECT file FROM wakes")}
         try:
             names = await asyncio.to_thread(_payload_names, self.root)
         except OSError as exc:
             raise InboxError(f"Cannot list the inbox {self.root}: {exc}") from exc
-        recovered = 0
+        reinserted = []
         for name in names:
             if name in known:
                 continue
@@ -260,9 +279,16 @@ class Inbox:
                 [outcome] = await self._insert([(delivery, name)])
             except sqlite3.Error as exc:
                 raise InboxError(f"Cannot record recovered wake {name}: {exc}") from exc
-            if isinstance(outcome, Accepted):
-                recovered += 1
-        return recovered
+            if not isinstance(outcome, Accepted):
+                continue
+            run_id = ran_as(delivery.route, delivery.key) if ran_as is not None else None
+            if run_id is not None:
+                await self.finish(outcome.wake_id, "done", run_id=run_id,
+                                  note=f"restored from its file; the register shows {run_id}"
+                                  " ran it already")
+            reinserted.append(Reinserted(outcome.wake_id, delivery.source, delivery.route,
+                                         delivery.key, name, run_id))
+        return reinserted
 
     # -- the dispatcher's side -------------------------------------------------------------
 

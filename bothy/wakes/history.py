@@ -1,0 +1,50 @@
+"""What the register says already ran: the guard against running a delivery twice.
+
+The state database says which wakes were taken; the register (``audit.jsonl``) says it too, and
+survives a state database restored from an older copy. :class:`RunHistory` reads the register
+once, at start-up, and answers which run, if any, already ran a delivery: one whose ``wake
+received`` record names it and whose run has a ``run started`` record. Recovery asks it before
+queueing a payload file that has no row (see :meth:`bothy.wakes.inbox.Inbox.recover`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from bothy.engine.audit import AuditLog, AuditRecord
+from bothy.errors import AuditIntegrityError
+
+
+class RunHistory:
+    """Deliveries the register shows were run: (route, delivery key) → the run id."""
+
+    def __init__(self, records: Iterable[AuditRecord]) -> None:
+        received: dict[str, tuple[str, str]] = {}
+        started: set[str] = set()
+        for record in records:
+            if record.run_id is None:
+                continue
+            if (record.kind, record.event) == ("wake", "received"):
+                route, key = record.details.get("route"), record.details.get("delivery")
+                if isinstance(route, str) and isinstance(key, str):
+                    received[record.run_id] = (route, key)
+            elif (record.kind, record.event) == ("run", "started"):
+                started.add(record.run_id)
+        self._ran = {wake: run_id for run_id, wake in received.items() if run_id in started}
+
+    @classmethod
+    def from_register(cls, audit: AuditLog) -> RunHistory:
+        """Read the whole register (blocking: call it from a thread). A register that cannot
+        be read to its end counts what it holds up to the break."""
+        return cls(_readable(audit))
+
+    def ran_as(self, route: str, key: str) -> str | None:
+        """The run that already ran this delivery, or None."""
+        return self._ran.get((route, key))
+
+
+def _readable(audit: AuditLog) -> Iterator[AuditRecord]:
+    try:
+        yield from audit.records()
+    except AuditIntegrityError:
+        return  # the chain is checked elsewhere; what was read up to the break still counts
