@@ -25,7 +25,7 @@ from bothy.engine.audit import AuditLog
 from bothy.engine.launch import Launch, build_launch, codex_version
 from bothy.engine.prices import PriceTable
 from bothy.errors import BothyError, ConfigError
-from bothy.home import BothyHome
+from bothy.home import BothyHome, loose_mode
 
 Status = Literal["ok", "warn", "fail"]
 _MARK = {"ok": "[ok ]", "warn": "[warn]", "fail": "[fail]"}
@@ -329,6 +329,19 @@ async def check_prices(scene: Scene) -> Finding:
     return ok(f"model '{model}' has a price")
 
 
+async def check_config_private(scene: Scene) -> Finding:
+    """Issue 10 item 7: only the operator should read the config (it names every secret's
+    source, and a mistake there may hold one)."""
+    path = scene.home.config_path
+    mode = loose_mode(path)
+    if mode is not None:
+        return warn(f"{path} is mode {mode:04o}: group or others can read it; run chmod 600"
+                    f" {path}")
+    if not path.exists():
+        return warn(f"{path} does not exist (see 'config valid')")
+    return ok(f"{path} is readable by its owner only")
+
+
 async def check_budget_mode(scene: Scene) -> Finding:
     """Mode 'plan' gates on the windows Codex reports: fails if it learnt there are none."""
     if missing := scene.needs_config():
@@ -357,6 +370,7 @@ async def check_budget_mode(scene: Scene) -> Finding:
 
 MORE_CHECKS: tuple[tuple[str, CheckFn], ...] = (
     ("config valid", check_config),
+    ("config private", check_config_private),
     ("workspace", check_workspace),
     ("codex home", check_codex_home),
     ("prices", check_prices),

@@ -51,3 +51,19 @@ async def test_a_command_that_only_reads_leaves_the_home_alone(
 
     assert done.code == 0, done.stderr
     assert mode_of(site.home) == 0o755
+
+
+async def test_doctor_warns_about_a_config_others_can_read(tmp_path: Path) -> None:
+    """A 0644 config.json is a `[warn] config private` naming the mode and the fix; 0600 is ok."""
+    site = Site(tmp_path, "http://127.0.0.1:9/v1")
+    config = site.home / "config.json"
+    config.chmod(0o644)
+
+    loose = await site.bothy("doctor")
+    config.chmod(0o600)
+    private = await site.bothy("doctor")
+
+    assert f"[warn] config private: {config} is mode 0644: group or others can read it; run" \
+        f" chmod 600 {config}" in loose.stdout.splitlines()
+    assert f"[ok ] config private: {config} is readable by its owner only" in (
+        private.stdout.splitlines())
