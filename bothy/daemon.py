@@ -111,7 +111,8 @@ class Daemon:
         with recording_stop_signals(self._stop, self._hurry):
             await rt.audit.record("serve", "ready", "ok", details={
                 "ports": self.ports, "orphans_ended": len(recovered),
-                "wakes_requeued": wakes.requeued, "schedules": len(schedules.next_fires()),
+                "wakes_requeued": wakes.requeued, "wakes_reinserted": wakes.reinserted,
+                "wakes_already_run": wakes.already_run, "schedules": len(schedules.next_fires()),
                 "missed_fires_queued": missed, "chat": self.chat_state,
             })
             await self._until_stopped(rt, inbox, dispatcher, listeners, chat, schedules)

@@ -157,6 +157,11 @@ class WorkerPool:
                 (run_id, role, record.pgid, record.leader_pid, record.leader_start),
             )
 
+    async def reached_worker(self, run_id: str) -> bool:
+        """Whether the run ever had a worker (its group was recorded when it was spawned)."""
+        row = await self._db.fetch_one("SELECT pgid FROM runs WHERE run_id = ?", (run_id,))
+        return row is not None and row["pgid"] is not None
+
     async def request_cancel(self, run_id: str) -> bool:
         """Mark a queued or running run for cancellation; False if it already finished."""
         async with self._db.transaction():

@@ -49,6 +49,7 @@ from bothy.errors import AppServerError, ProcessGroupError
 from bothy.money import format_usd
 
 FINAL_TEXT_MAX_CHARS = 20_000
+STOPPED_BEFORE_START = "bothy stopped before the run started (it had no worker yet)"
 
 
 class _Unasked:
@@ -138,6 +139,7 @@ class Supervisor:
             if link is not None:  # the note, then the release: last of all, in every ending
                 await asyncio.shield(link.finish(result.outcome, result.cost_micros,
                                                  result.answer, result.reason))
+            self.pool.freed()  # this process's waiters look at once
         return result
 
     async def _task_link(self, run_id: str, request: RunRequest) -> TaskLink | None:
@@ -209,7 +211,10 @@ class Supervisor:
             run_id, between_tries=between_tries, on_wait=lambda w: self._waiting(w, progress)
         )
         if isinstance(claim, Withdrawn):
-            return RunEnd(Outcome.CANCELLED, claim.reason)
+            return RunEnd(Outcome.CANCELLED, STOPPED_BEFORE_START if self.stopping.is_set()
+                          else claim.reason)
+        if self.stopping.is_set():  # the slot came as the stop did: no worker starts now
+            return RunEnd(Outcome.CANCELLED, STOPPED_BEFORE_START)
         if link is not None:
             taken = await self._take_task(run_id, request, link)
             if isinstance(taken, Refused):

@@ -30,7 +30,8 @@ from bothy.engine.supervisor import Supervisor
 from bothy.waits import first_of
 from bothy.wakes import poller, schedules
 from bothy.wakes.handlers import WakeHandler, WakeStart
-from bothy.wakes.inbox import Delivery, Inbox, WakeRow
+from bothy.wakes.history import RunHistory
+from bothy.wakes.inbox import Delivery, Inbox, Reinserted, WakeRow
 from bothy.wakes.jobs import Ignored
 
 _IDLE_POLL_S = 1.0  # retries fall due without anyone poking the dispatcher
@@ -44,12 +45,14 @@ class Interrupted:
     run: RunRow
 
 
-@dataclass(frozen=True)
+@dataclass
 class Recovered:
     """What :meth:`Dispatcher.recover` found: wakes queued again, runs cut short."""
 
     requeued: int = 0
     interrupted: list[Interrupted] = field(default_factory=list)
+    reinserted: int = 0  # payload files that had no row: queued to run
+    already_run: int = 0  # of those, closed: the register shows they ran (an older state db)
 
 
 @runtime_checkable
@@ -99,28 +102,48 @@ class Dispatcher:
         return len(self._tasks)
 
     async def recover(self) -> Recovered:
-        """Wakes left ``running`` by a dead daemon: requeue those whose run never started;
-        close those whose run was under way (returned, so that whoever waits can be told)."""
-        await self._inbox.recover()
-        requeued = 0
-        interrupted: list[Interrupted] = []
+        """At start-up, before intake: give a row to each payload file without one (closed
+        if the register shows it ran, else queued); then, of the wakes a dead daemon left
+        ``running``, requeue those whose run never started and close those whose run was
+        under way (returned, so that whoever waits can be told). All of it audited."""
+        history = await asyncio.to_thread(RunHistory.from_register, self._audit)
+        found = Recovered()
+        for restored in await self._inbox.recover(history.ran_as):
+            await self._reinserted(restored)
+            found.reinserted += restored.ran_as is None
+            found.already_run += restored.ran_as is not None
         for wake in await self._inbox.in_flight():
             row = await self._db.run(wake.run_id) if wake.run_id else None
             if row is None or row.started_us is None:
                 # Never admitted, or admitted but still waiting for a slot (the sweep closed
                 # that run id, spending nothing): the wake never ran, so it runs now.
                 stage = "admitted" if row is None else "given a worker slot"
-                await self._inbox.retry_later(wake.id, next_try_us=0,
-                                              note=f"bothy stopped before its run was {stage}")
-                requeued += 1
+                await self._requeue(wake, wake.run_id, f"bothy stopped before its run was {stage}")
+                found.requeued += 1
                 continue
             note = f"bothy stopped while its run was {row.status}; run {row.outcome or 'failed'}"
             await self._inbox.finish(wake.id, "done", run_id=row.run_id, note=note)
             await self._audit.record("wake", "interrupted", "failed", subject=row.subject,
                                      run_id=row.run_id, details={"delivery": wake.key,
                                                                  "note": note})
-            interrupted.append(Interrupted(wake, row))
-        return Recovered(requeued, interrupted)
+            found.interrupted.append(Interrupted(wake, row))
+        return found
+
+    async def _reinserted(self, wake: Reinserted) -> None:
+        details: dict[str, Any] = {"route": wake.route, "delivery": wake.key,
+                                   "source": wake.source, "file": wake.file}
+        if wake.ran_as is None:
+            details["then"] = "queued: no row and no run of it in the register"
+        else:
+            details["then"] = f"closed: the register shows {wake.ran_as} ran it already"
+        await self._audit.record("wake", "reinserted", "ok", subject=wake.route,
+                                 run_id=wake.ran_as, details=details)
+
+    async def _requeue(self, wake: WakeRow, run_id: str | None, note: str) -> None:
+        """Queue a wake whose run never reached a worker again, to run as soon as it can."""
+        await self._inbox.retry_later(wake.id, next_try_us=0, note=note)
+        await self._audit.record("wake", "requeued", "pending", subject=_subject(wake),
+                                 run_id=run_id, details={"delivery": wake.key, "reason": note})
 
     async def tell_interrupted(self, recovered: Recovered) -> None:
         """Let each interrupted wake's handler tell whoever waited for its run."""
@@ -132,6 +155,9 @@ class Dispatcher:
     async def run(self) -> None:
         """Take wakes until :meth:`stop_intake`; the caller owns the task this runs in."""
         while self._intake:
+            # Cleared before looking, not after: a poke that comes while the wakes below are
+            # taken is for a wake this look may have missed, and must not be lost.
+            self._poke.clear()
             for wake in await self._inbox.due(to_us(self._clock())):
                 if not self._intake:
                     break
@@ -144,7 +170,6 @@ class Dispatcher:
                     # One admission at a time, in arrival order: two deliveries for one lane
                     # must queue in the order they came, not in the order their files load.
                     await first_of(admitted.wait(), task)
-            self._poke.clear()
             try:
                 async with asyncio.timeout(_IDLE_POLL_S):
                     await self._poke.wait()
@@ -156,8 +181,11 @@ class Dispatcher:
         self._poke.set()
 
     def stop_runs(self) -> None:
-        """Ask the in-flight runs to stop: they interrupt their turns, settle, reap groups."""
+        """Ask the in-flight runs to stop: they interrupt their turns, settle, reap groups.
+        A run still waiting for a worker slot withdraws without one, and its wake is queued
+        again (see ``_handle``)."""
         self._supervisor.stopping.set()
+        self._supervisor.pool.freed()  # waiters look now, and withdraw
 
     async def drain(self, grace_s: float) -> bool:
         """Wait for in-flight wakes to finish; True if they all did within ``grace_s``."""
@@ -204,6 +232,10 @@ class Dispatcher:
             await self._ignore(wake, start, ended.reason)
         elif ended.outcome is Outcome.REFUSED and handler.retries_refused:
             await self._refused(wake, ended.reason or "refused", start.details)
+        elif self._supervisor.stopping.is_set() and not await self._supervisor.pool.reached_worker(
+                start.run_id):
+            # Stopped before its run had a worker: nothing ran, so it runs after the restart.
+            await self._requeue(wake, start.run_id, "bothy stopped before its run started")
         else:
             await self._inbox.finish(wake.id, "done", run_id=start.run_id, note=ended.outcome)
 
