@@ -39,6 +39,7 @@ from tests.test_serve import (
     SECRET,
     Serving,
     accepting,
+    delivery_of,
     queued,
     records,
     serve_site,
@@ -190,7 +191,7 @@ def _first_life(site: Site, kind: str, event: str) -> list[AuditRecord]:
 
 def _starts(site: Site) -> Counter[str]:
     """Delivery key → how many of its runs reached a worker."""
-    woke = {str(r.run_id): str(r.details["delivery"]) for r in records(site, "wake", "received")}
+    woke = delivery_of(site)
     return Counter(woke[str(r.run_id)] for r in records(site, "run", "started")
                    if str(r.run_id) in woke)
 
@@ -230,13 +231,13 @@ async def test_a_restored_older_state_database_runs_no_delivery_twice(
     async with Shell(site) as shell:
         serving = await start_serve(shell)
         await queued(serving, github.pull_request_opened(1))
-        await until_count(site, "run", "finished", "completed", 1)
+        await until_count(site, "run", "finished", "ok", 1)
         assert await serving.stop() == 0
         backup = {path.name: path.read_bytes() for path in state.glob("bothy.sqlite3*")}
 
         serving = await start_serve(shell)
         later = await queued(serving, github.pull_request_opened(2))
-        [_, ran] = await until_count(site, "run", "finished", "completed", 2)
+        [_, ran] = await until_count(site, "run", "finished", "ok", 2)
         assert await serving.stop() == 0
         for path in state.glob("bothy.sqlite3*"):
             path.unlink()
@@ -246,7 +247,7 @@ async def test_a_restored_older_state_database_runs_no_delivery_twice(
         serving = await start_serve(shell)
         ready = records(site, "serve", "ready")[-1]
         await queued(serving, github.pull_request_opened(3))
-        await until_count(site, "run", "finished", "completed", 3)
+        await until_count(site, "run", "finished", "ok", 3)
         assert await serving.stop() == 0
 
     assert (ready.details["wakes_reinserted"], ready.details["wakes_already_run"]) == (0, 1)

@@ -3,8 +3,10 @@
 The state database says which wakes were taken; the register (``audit.jsonl``) says it too, and
 survives a state database restored from an older copy. :class:`RunHistory` reads the register
 once, at start-up, and answers which run, if any, already ran a delivery: one whose ``wake
-received`` record names it and whose run has a ``run started`` record. Recovery asks it before
-queueing a payload file that has no row (see :meth:`bothy.wakes.inbox.Inbox.recover`).
+received`` record names it and whose run has a ``run started`` record. A wake's record names
+no run (it has none yet); it carries a ``wake_id`` that the run's own records name in turn
+(see :func:`bothy.engine.run.wake_id_for`). Recovery asks before queueing a payload file that
+has no row (see :meth:`bothy.wakes.inbox.Inbox.recover`).
 """
 
 from __future__ import annotations
@@ -19,18 +21,26 @@ class RunHistory:
     """Deliveries the register shows were run: (route, delivery key) → the run id."""
 
     def __init__(self, records: Iterable[AuditRecord]) -> None:
-        received: dict[str, tuple[str, str]] = {}
+        woken: dict[str, tuple[str, str]] = {}  # wake id (or, in older records, run id)
+        wake_of: dict[str, str] = {}  # run id -> the wake id its records name
         started: set[str] = set()
         for record in records:
-            if record.run_id is None:
-                continue
+            wake_id = record.details.get("wake_id")
             if (record.kind, record.event) == ("wake", "received"):
                 route, key = record.details.get("route"), record.details.get("delivery")
-                if isinstance(route, str) and isinstance(key, str):
-                    received[record.run_id] = (route, key)
-            elif (record.kind, record.event) == ("run", "started"):
-                started.add(record.run_id)
-        self._ran = {wake: run_id for run_id, wake in received.items() if run_id in started}
+                ident = wake_id if isinstance(wake_id, str) else record.run_id
+                if isinstance(route, str) and isinstance(key, str) and ident:
+                    woken[ident] = (route, key)
+            elif record.kind == "run" and record.run_id:
+                if isinstance(wake_id, str):
+                    wake_of[record.run_id] = wake_id
+                if record.event == "started":
+                    started.add(record.run_id)
+        self._ran: dict[tuple[str, str], str] = {}
+        for run_id in started:
+            delivery = woken.get(wake_of.get(run_id, run_id))
+            if delivery is not None:
+                self._ran[delivery] = run_id
 
     @classmethod
     def from_register(cls, audit: AuditLog) -> RunHistory:
