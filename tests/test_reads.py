@@ -196,7 +196,7 @@ async def test_schedule_list_and_status_show_times_alike(site: Site) -> None:
 
 async def test_the_pages_minimal_config_names_the_key_to_set(tmp_path: Path) -> None:
     """The seed's six lines on a fresh machine: no workspace, then no ~/.codex, each an error
-    naming the key to set (exit 78)."""
+    naming the key to set (exit 78), from `bothy run` and from `bothy serve`."""
     site = Site(tmp_path, NO_MODEL)
     fresh_home = tmp_path / "fresh-user"
     fresh_home.mkdir()
@@ -208,8 +208,10 @@ async def test_the_pages_minimal_config_names_the_key_to_set(tmp_path: Path) -> 
            "PATH": f"{codex_binary().parent}{os.pathsep}{os.environ['PATH']}"}
 
     no_workspace = await site.bothy("run", "Reply with exactly: BOTHY", **env)
+    serve_no_workspace = await site.bothy("serve", **env)
     workspace.mkdir()
     no_codex_home = await site.bothy("run", "Reply with exactly: BOTHY", **env)
+    serve_no_codex_home = await site.bothy("serve", **env)
 
     assert no_workspace.code == 78, no_workspace.stderr
     assert f"workspace {workspace} does not exist" in no_workspace.stderr
@@ -218,3 +220,6 @@ async def test_the_pages_minimal_config_names_the_key_to_set(tmp_path: Path) -> 
     assert f"{fresh_home / '.codex'} does not exist" in no_codex_home.stderr
     assert "config key 'codex.home'" in no_codex_home.stderr
     assert "Traceback" not in no_workspace.stderr + no_codex_home.stderr
+    assert (serve_no_workspace.code, serve_no_codex_home.code) == (78, 78)
+    assert "config key 'workspace'" in serve_no_workspace.stderr
+    assert "config key 'codex.home'" in serve_no_codex_home.stderr

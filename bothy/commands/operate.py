@@ -130,7 +130,9 @@ async def cmd_profile(args: argparse.Namespace) -> int:
 
 async def cmd_daemon(args: argparse.Namespace) -> int:
     """`bothy serve`: run the daemon in this process until a stop signal."""
+    from bothy.commands.foreground import check_workspace
     from bothy.daemon import Daemon
 
     home, cfg = load()
+    check_workspace(home, cfg)  # every run it starts would fail: say which key, and stay down
     return await Daemon(home, cfg).serve()
