@@ -221,15 +221,15 @@ def _main(argv: Sequence[str] | None) -> int:
     except ConfigError as exc:
         print(f"bothy: configuration error: {exc}", file=sys.stderr)
         return _config_exit(args.command, str(exc))
-    except CodexNotFoundError as exc:
+    except CodexNotFoundError as exc:  # as much "do not restart me" as a bad config file
         print(f"bothy: {exc}", file=sys.stderr)
-        return ExitCode.CONFIG
+        return _config_exit(args.command, str(exc))
     except UsageError as exc:
         print(f"bothy: {exc}", file=sys.stderr)
         return ExitCode.USAGE
     except ChatAuthError as exc:
         print(f"bothy: configuration error: {exc}", file=sys.stderr)
-        return ExitCode.CONFIG
+        return _config_exit(args.command, str(exc))
     except (TemporaryFailure, ChatUnavailable) as exc:
         print(f"bothy: temporary failure: {exc}", file=sys.stderr)
         return ExitCode.TEMPFAIL
