@@ -100,7 +100,31 @@ def _parser() -> argparse.ArgumentParser:
 
     doctor = commands.add_parser("doctor", help="check this installation, one line per check")
     doctor.add_argument("--json", action="store_true")
+    _install_parsers(commands)
     return parser
+
+
+def _install_parsers(commands: Any) -> None:
+    install = commands.add_parser(
+        "install", help="install bothy serve as a service (systemd or launchd) + tailscale serve")
+    mode = install.add_mutually_exclusive_group()
+    mode.add_argument("--serve", action="store_true",
+                      help="install the service and tailscale serve for the tailnet port")
+    mode.add_argument("--uninstall", action="store_true", help="undo what --serve did")
+    install.add_argument("--dry-run", action="store_true",
+                         help="print every check, file and command, and change nothing")
+    install.add_argument("--home", help="the BOTHY_HOME (default: the user's ~/.bothy)")
+    install.add_argument("--user", help="the account to run as (default: SUDO_USER)")
+    install.add_argument("--manager", choices=["systemd", "launchd"],
+                         help="default: systemd on Linux, launchd on macOS")
+    install.add_argument("--unit", choices=["system", "user"],
+                         help="systemd: a system unit with User= (default under root) or a"
+                              " user unit")
+    install.add_argument("--no-tailscale", action="store_true",
+                         help="install the service only, without tailscale serve")
+    funnel = commands.add_parser(
+        "funnel", help="print the tailscale funnel commands the config implies")
+    funnel.add_argument("--home", help="the BOTHY_HOME (default: $BOTHY_HOME or ~/.bothy)")
 
 
 def _schedule_parser(commands: Any) -> None:
@@ -197,15 +221,15 @@ def _main(argv: Sequence[str] | None) -> int:
     except ConfigError as exc:
         print(f"bothy: configuration error: {exc}", file=sys.stderr)
         return _config_exit(args.command, str(exc))
-    except CodexNotFoundError as exc:
+    except CodexNotFoundError as exc:  # as much "do not restart me" as a bad config file
         print(f"bothy: {exc}", file=sys.stderr)
-        return ExitCode.CONFIG
+        return _config_exit(args.command, str(exc))
     except UsageError as exc:
         print(f"bothy: {exc}", file=sys.stderr)
         return ExitCode.USAGE
     except ChatAuthError as exc:
         print(f"bothy: configuration error: {exc}", file=sys.stderr)
-        return ExitCode.CONFIG
+        return _config_exit(args.command, str(exc))
     except (TemporaryFailure, ChatUnavailable) as exc:
         print(f"bothy: temporary failure: {exc}", file=sys.stderr)
         return ExitCode.TEMPFAIL
@@ -232,6 +256,10 @@ def _status(args: argparse.Namespace) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "status":
         return _status(args)
+    if args.command in ("install", "funnel"):  # no event loop: they only run commands
+        from bothy.commands.install import cmd_funnel, cmd_install
+
+        return cmd_install(args) if args.command == "install" else cmd_funnel(args)
     import asyncio
 
     from bothy import commands

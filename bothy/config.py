@@ -267,11 +267,34 @@ def _tool_problem(name: str, servers: dict[str, McpServerConfig]) -> str | None:
     return None
 
 
+# The public HTTPS ports Tailscale Funnel allows (contracts.md: "443, 8443, 10000 only").
+FUNNEL_PORTS = frozenset({443, 8443, 10000})
+_FUNNEL_PORT_LIST = ", ".join(str(port) for port in sorted(FUNNEL_PORTS))
+
+
 class ListenConfig(_Section):
     """Where `bothy serve` listens. Both bind 127.0.0.1: Tailscale carries traffic in."""
 
     tailnet_port: int = Field(default=8765, ge=1, le=65535)
     public_port: int | None = Field(default=None, ge=1, le=65535)
+    # The HTTPS ports Tailscale opens on the node (`bothy install --serve`, `bothy funnel`).
+    serve_port: int = Field(default=9443, ge=1, le=65535)
+    funnel_port: int = 443
+
+    @field_validator("funnel_port")
+    @classmethod
+    def _funnel_allows(cls, value: int) -> int:
+        if value not in FUNNEL_PORTS:
+            raise ValueError(f"Tailscale Funnel only opens ports {_FUNNEL_PORT_LIST}")
+        return value
+
+    @field_validator("serve_port")
+    @classmethod
+    def _serve_leaves_funnel_alone(cls, value: int) -> int:
+        if value in FUNNEL_PORTS:
+            raise ValueError(f"keep the tailnet door off Funnel's ports ({_FUNNEL_PORT_LIST}):"
+                             " `tailscale serve` on a port turns Funnel off there")
+        return value
 
     @model_validator(mode="after")
     def _distinct(self) -> ListenConfig:
