@@ -326,14 +326,20 @@ async def test_an_old_format_record_of_another_start_is_never_signalled(
         assert live_members(group.pgid) == [group.pgid]
 
 
+def _an_hour_before_this_boot(start: ProcessStart) -> str:
+    """``start``'s ticks, counted from a boot so early that they end an hour before this one."""
+    assert start.boot_s is not None
+    age_s = start.ticks // os.sysconf("SC_CLK_TCK")
+    return ProcessStart(start.ticks, start.boot_s - age_s - 3600).encode()
+
+
 async def test_a_record_from_before_a_reboot_is_never_signalled(leftovers: _Leftovers) -> None:
     """Same pid, same ticks since boot, but an earlier boot: a stranger's group, left alone."""
     async with asyncio.timeout(_BOUND_S):
         group = await _spawn_ready(leftovers, "echo ready; exec sleep 300")
         start = ProcessStart.parse(group.record.leader_start)
         assert start is not None and start.boot_s == boot_time_s()
-        a_day_earlier = ProcessStart(start.ticks, start.boot_s - 86_400).encode()
-        before_reboot = GroupRecord(group.pgid, group.pgid, a_day_earlier)
+        before_reboot = GroupRecord(group.pgid, group.pgid, _an_hour_before_this_boot(start))
 
         outcome = await end_orphan_group(before_reboot, grace_s=0.1)
 
@@ -356,7 +362,7 @@ def test_a_process_is_known_by_its_start_in_either_format_and_this_boot_only() -
 
     assert same_process(os.getpid(), recorded)
     assert same_process(os.getpid(), fields[19])
-    assert not same_process(os.getpid(), ProcessStart(start.ticks, start.boot_s - 3600).encode())
+    assert not same_process(os.getpid(), _an_hour_before_this_boot(start))
     assert not same_process(os.getpid(), ProcessStart(start.ticks + 1, start.boot_s).encode())
     assert not same_process(os.getpid(), "Tue Dec  1 08:38:56 2026")
 
