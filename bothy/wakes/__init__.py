@@ -17,8 +17,6 @@ from typing import Any
 
 _SURFACE = {
     "Dispatcher": "bothy.wakes.dispatcher",
-    "Execute": "bothy.wakes.handlers",
-    "WakeRun": "bothy.wakes.handlers",
     "WakeStart": "bothy.wakes.handlers",
     "unattended": "bothy.wakes.handlers",
     "Accepted": "bothy.wakes.inbox",
