@@ -403,6 +403,11 @@ def test_the_launchagent_command_reads_the_env_file_and_parks_a_config_error(
     assert "codex command 'codex' not found on PATH" in error
     env_file = box.home / "service.env"
     env_file.write_text(env_file.read_text().replace("GH_SECRET=s3cret-value\n", ""))
+    # With a codex and its home in place, the daemon reaches the routes' secrets.
+    config = json.loads((box.home / "config.json").read_text())
+    (tmp_path / "codex-home").mkdir()
+    config["codex"] = {"command": [shutil.which("true")], "home": str(tmp_path / "codex-home")}
+    box.write_config(config)
     error = start_as_launchd_would()
     assert "webhooks.github.secret_env: none of GH_SECRET is set" in error
 
