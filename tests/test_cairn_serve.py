@@ -135,7 +135,7 @@ async def test_bothy_note_is_withheld_from_a_webhook_run(
     async with Shell(site) as shell:
         serving = await start_serve(shell)
         await queued(serving, github.pull_request_opened(42))
-        [finished] = await until_count(site, "run", "finished", "completed", 1)
+        [finished] = await until_count(site, "run", "finished", "ok", 1)
         assert await serving.stop() == 0
 
     outputs = [str(item["output"]) for item in server.requests[-1]["input"]
