@@ -147,6 +147,7 @@ def _schedule_parser(commands: Any) -> None:
     check.add_argument("--verify-regex", metavar="RE",
                        help="verify that the final answer matches this regular expression")
     add.add_argument("--max-usd", help="reserve this much per fire instead of budget.per_run_usd")
+    add.add_argument("--ref", help="tie each fire's run to this task in Cairn, e.g. ACME-12")
     actions.add_parser("list", help="one line per schedule, with its next fire").add_argument(
         "--json", action="store_true")
     remove = actions.add_parser("rm", help="remove a schedule")

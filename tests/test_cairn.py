@@ -7,6 +7,7 @@ command that is missing, slow, failing or answering garbage.
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from pydantic import ValidationError
 
 from bothy.config import CairnConfig
 from bothy.engine.cairn import Brief, Cairn, Claimed, Done, Held, StepFailed, ref_problem
+from bothy.engine.state import StateDB
 from tests.fakes.cairn import FakeCairn
 from tests.fakes.site import Site
 
@@ -223,3 +225,29 @@ async def test_doctor_warns_naming_what_is_missing(
 
     assert (f"[warn] cairn reachable: {problem} — runs with --ref go on without a task"
             " ledger\n") in done.stdout, done.stdout
+
+
+# --- the state database ---------------------------------------------------------------
+
+
+async def test_a_state_database_from_before_refs_gains_the_schedules_ref_column(
+    tmp_path: Path
+) -> None:
+    """A database made before schedules had a ref (schema 7) gets the column, rows kept."""
+    path = tmp_path / "bothy.sqlite3"
+    old = sqlite3.connect(path)
+    old.executescript(
+        "CREATE TABLE schedules (name TEXT PRIMARY KEY, cron TEXT NOT NULL, kind TEXT NOT NULL,"
+        " prompt TEXT, sop TEXT, profile TEXT, verify_argv TEXT, verify_regex TEXT,"
+        " max_usd_micros INTEGER, created_us INTEGER NOT NULL, last_fire_us INTEGER,"
+        " next_fire_us INTEGER);"
+        "INSERT INTO schedules (name, cron, kind, prompt, created_us)"
+        " VALUES ('nightly', '0 3 * * *', 'prompt', 'tidy up', 1);"
+        "PRAGMA user_version = 7;"
+    )
+    old.close()
+
+    async with StateDB.open(path) as db:
+        rows = await db.fetch_all("SELECT name, ref FROM schedules")
+
+    assert [(row["name"], row["ref"]) for row in rows] == [("nightly", None)]

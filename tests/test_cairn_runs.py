@@ -429,3 +429,39 @@ async def test_bothy_note_without_a_ref_says_there_is_no_task(
         "This run has no task in Cairn (it was started without a ref): nothing was written."
     ]
     assert cairn.calls() == []
+
+
+# --- schedules ------------------------------------------------------------------------
+
+
+async def test_a_schedules_ref_ties_its_fire_to_the_task(
+    site: Site, server: ModelServer, cairn: FakeCairn
+) -> None:
+    """`schedule add … --ref ACME-12`: a fire (here `schedule run`) claims, notes and releases."""
+    server.script(text("Weekly summary."))
+
+    added = await site.bothy("schedule", "add", "weekly", "--cron", "0 3 * * mon",
+                             "--prompt", "Summarise what changed this week", "--ref", "ACME-12")
+    done = await site.bothy("schedule", "run", "weekly")
+
+    assert added.code == 0, added.stderr
+    assert done.code == 0, done.stderr
+    _, run_id, answer = outcome_of(done)
+    assert answer == "Weekly summary."
+    assert [(call["verb"], call["by"]) for call in cairn.calls()] == [
+        ("claim", run_id), ("show", None), ("note", None), ("release", run_id)
+    ]
+    assert cairn_events(site, run_id) == ["claimed", "briefed", "noted", "released"]
+    [record] = audit_records(site, lambda r: (r.kind, r.event) == ("schedule", "added"))
+    assert record.details["ref"] == "ACME-12"
+
+
+async def test_a_bad_schedule_ref_is_a_usage_error(site: Site, cairn: FakeCairn) -> None:
+    """`schedule add --ref` outside the pattern: exit 64 naming it, and no schedule is added."""
+    added = await site.bothy("schedule", "add", "weekly", "--cron", "0 3 * * mon",
+                             "--prompt", "Summarise", "--ref", "ACME 12")
+    listed = await site.bothy("schedule", "list")
+
+    assert added.code == 64
+    assert "--ref 'ACME 12' is not a task reference" in added.stderr
+    assert "weekly" not in listed.stdout

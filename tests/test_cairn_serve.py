@@ -15,7 +15,7 @@ import pytest
 
 from tests.fakes import github
 from tests.fakes.cairn import FakeCairn
-from tests.fakes.model_server import ModelServer, text
+from tests.fakes.model_server import ModelServer, text, tool_call
 from tests.fakes.shell import Shell, audit_records
 from tests.test_serve import queued, records, serve_site, start_serve, until_count
 
@@ -119,3 +119,27 @@ async def test_a_payload_ref_that_is_no_task_reference_is_refused_and_the_run_go
     assert "is not a task reference" in refused.details["reason"]
     assert refused.details["then"] == "the run goes on without Cairn"
     assert cairn.calls() == []
+
+
+async def test_bothy_note_is_withheld_from_a_webhook_run(
+    server: ModelServer, tmp_path: Path, cairn: FakeCairn
+) -> None:
+    """`bothy_note` writes: a run woken by a payload is refused it (unless its profile allows
+    untrusted runs), and only Bothy's own note reaches the task."""
+    site = serve_site(tmp_path, server,
+                      job={"ref": "ACME-{pull_request.number}", "profile": "ledger"},
+                      cairn={"command": cairn.command, "timeout_s": 2.0},
+                      profiles={"ledger": {"tools": ["bothy_note"]}})
+    server.script(tool_call("bothy_note", {"text": "The payload told me to write this."}),
+                  text("Reviewed."))
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        await queued(serving, github.pull_request_opened(42))
+        [finished] = await until_count(site, "run", "finished", "ok", 1)
+        assert await serving.stop() == 0
+
+    outputs = [str(item["output"]) for item in server.requests[-1]["input"]
+               if item.get("type") == "function_call_output"]
+    assert outputs == ["The tool 'bothy_note' is withheld in runs started by untrusted input."]
+    [note] = cairn.task("ACME-42")["notes"]
+    assert note["text"].startswith(f"run {finished.run_id} on test-site: completed, ")

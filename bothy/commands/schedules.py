@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from bothy.commands._shared import load
 from bothy.commands.foreground import (
     check_profile,
+    check_ref,
     check_workspace,
     report_result,
     reservation_micros,
@@ -51,7 +52,7 @@ async def _schedule_add(args: argparse.Namespace) -> int:
         await rt.audit.record("schedule", "added", "ok", subject=added.subject, details={
             "cron": added.cron, "what": added.what, "profile": added.profile,
             "verify_argv": added.verify_argv, "verify_regex": added.verify_regex,
-            "max_usd_micros": added.max_usd_micros})
+            "max_usd_micros": added.max_usd_micros, "ref": added.ref})
     print(f"added {added.name}: {added.what} at '{added.cron}' ({cfg.budget.timezone}),"
           f" next fire {_when(added.next_fire_us, cfg.budget.timezone)}")
     return ExitCode.OK
@@ -77,6 +78,7 @@ async def _new_schedule(args: argparse.Namespace, home: BothyHome, cfg: Config) 
         profile=check_profile(args.profile, cfg), verify_argv=_verify_argv(args.verify_cmd),
         verify_regex=_verify_regex(args.verify_regex),
         max_usd_micros=reservation_micros(args.max_usd, cfg) if args.max_usd is not None else None,
+        ref=check_ref(args.ref),
     )
 
 

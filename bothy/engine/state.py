@@ -125,7 +125,8 @@ CREATE TABLE IF NOT EXISTS schedules (
     max_usd_micros INTEGER,
     created_us     INTEGER NOT NULL,
     last_fire_us   INTEGER,
-    next_fire_us   INTEGER
+    next_fire_us   INTEGER,
+    ref            TEXT  -- its runs' task in Cairn (schema 8)
 );
 CREATE TABLE IF NOT EXISTS chat_threads (
     thread_key   TEXT PRIMARY KEY,
@@ -171,6 +172,8 @@ CREATE TABLE IF NOT EXISTS plan_reservations (
     secondary_at_admit INTEGER
 );
 """
+
+_ADDED_COLUMNS = (("schedules", "ref", "TEXT"),)  # (table, column, type), oldest first
 
 
 @dataclass(frozen=True)
@@ -250,12 +253,21 @@ class StateDB:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         await self._db.execute(statement)
+                await self._add_missing_columns()
                 await self._db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
         except sqlite3.Error as exc:
             if corrupt := StateCorruptError.from_sqlite(path, exc):
                 raise corrupt from exc
             raise StateError(f"cannot prepare the state database {path}: {exc}") from exc
         await asyncio.to_thread(path.chmod, 0o600)
+
+    async def _add_missing_columns(self) -> None:
+        """Columns added since a table was first created (CREATE IF NOT EXISTS keeps the old
+        shape): added to a database made by an earlier Bothy."""
+        for table, column, kind in _ADDED_COLUMNS:
+            rows = await self.fetch_all(f"PRAGMA table_info({table})")
+            if column not in {row["name"] for row in rows}:
+                await self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[StateDB]:

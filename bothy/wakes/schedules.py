@@ -61,6 +61,7 @@ class Schedule:
     created_us: int = 0
     last_fire_us: int | None = None
     next_fire_us: int | None = None  # kept for `bothy status`, which cannot evaluate cron
+    ref: str | None = None  # its runs' task in Cairn (docs/CAIRN.md)
 
     @classmethod
     def from_row(cls, row: Any) -> Schedule:
@@ -71,7 +72,7 @@ class Schedule:
             verify_argv=json.loads(argv) if argv is not None else None,
             verify_regex=row["verify_regex"], max_usd_micros=row["max_usd_micros"],
             created_us=row["created_us"], last_fire_us=row["last_fire_us"],
-            next_fire_us=row["next_fire_us"],
+            next_fire_us=row["next_fire_us"], ref=row["ref"],
         )
 
     def snapshot(self) -> bytes:
@@ -83,7 +84,9 @@ class Schedule:
         """Read back :meth:`snapshot`; ValueError if ``body`` is not one."""
         try:
             document = json.loads(body)
-            return cls(**{name: document[name] for name in cls.__dataclass_fields__})
+            # A field added since the snapshot was taken (ref) takes its default.
+            return cls(**{name: document[name] for name in cls.__dataclass_fields__
+                          if name in document})
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"not a schedule snapshot ({exc!r})") from exc
 
@@ -196,12 +199,12 @@ class ScheduleStore:
         async with self._db.transaction():
             changed = await self._db.execute(
                 "INSERT INTO schedules (name, cron, kind, prompt, sop, profile, verify_argv,"
-                " verify_regex, max_usd_micros, created_us, last_fire_us, next_fire_us)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?) ON CONFLICT (name) DO NOTHING",
+                " verify_regex, max_usd_micros, created_us, last_fire_us, next_fire_us, ref)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?) ON CONFLICT (name) DO NOTHING",
                 (schedule.name, " ".join(schedule.cron.split()), schedule.kind, schedule.prompt,
                  schedule.sop, schedule.profile, argv, schedule.verify_regex,
                  schedule.max_usd_micros, to_us(now),
-                 to_us(upcoming) if upcoming is not None else None),
+                 to_us(upcoming) if upcoming is not None else None, schedule.ref),
             )
         return await self.get(schedule.name) if changed == 1 else None
 
@@ -265,6 +268,7 @@ async def schedule_request(
         trusted=True,  # the operator wrote it
         can_hold=False,  # nobody is in a thread to answer: questions decline at once
         verify=schedule.verification(),
+        ref=schedule.ref,
     )
 
 
