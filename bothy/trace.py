@@ -130,7 +130,7 @@ class _Builder:
                           f"{d.get('wake_id', '')} from {d.get('source', '?')}")
         elif pair in (("run", "admitted"), ("run", "refused")):
             gate = str(d.get("gate", "budget"))
-            attrs = {"bothy.gate": gate, "bothy.verdict": r.event}
+            attrs: dict[str, Any] = {"bothy.gate": gate, "bothy.verdict": r.event}
             for name in ("reserved_usd", "used_usd", "already_reserved_usd", "ceiling_usd"):
                 if name in d:
                     attrs[f"bothy.{name[:-4]}_micros"] = _micros(d[name])
@@ -219,8 +219,8 @@ class _Builder:
         elif pair == ("budget", "settled"):
             attrs = {f"bothy.{name[:-4]}_micros": _micros(d[name])
                      for name in ("cost_usd", "reserved_usd", "released_usd") if name in d}
-            self._instant(r, "settlement", "settlement", attrs,
-                          f"cost {d.get('cost_usd', '?')} usd, released {d.get('released_usd', '?')}")
+            summary = f"cost {d.get('cost_usd', '?')} usd, released {d.get('released_usd', '?')}"
+            self._instant(r, "settlement", "settlement", attrs, summary)
         elif pair == ("run", "finished"):
             self._close_turn(r.ts)
             self._finished = r.ts
@@ -374,7 +374,7 @@ def send_otlp(url: str, request: Mapping[str, Any], *, timeout_s: float = 10.0,
     http = urllib.request.Request(url, data=body, method="POST",
                                   headers={"Content-Type": "application/json", **(headers or {})})
     try:
-        with urllib.request.urlopen(http, timeout=timeout_s) as answer:  # noqa: S310 - the operator's URL
+        with urllib.request.urlopen(http, timeout=timeout_s) as answer:
             status, raw = answer.status, answer.read()
     except urllib.error.HTTPError as exc:
         raise OtlpRefused(f"{url} answered {exc.code}: {_message(exc.read())}") from None

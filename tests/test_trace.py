@@ -4,9 +4,12 @@ to an OTLP/HTTP receiver — proven on a real run of the pinned codex against th
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import re
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -66,16 +69,16 @@ async def test_trace_of_a_real_run_shows_each_step_as_a_tree_as_otlp_and_sent(
     duration = r"\d+ ms|\d+\.\d s"
     assert re.fullmatch(rf"run {run_id} ok ({duration})  completed cost 0\.\d+ usd", lines[0])
     expected = [
-        rf"├─ wake cli ok 0 ms  wake_\S+ from cli",
-        rf"├─ gate budget admitted ok 0 ms  reserved 0\.500000 usd of 25\.000000",
+        r"├─ wake cli ok 0 ms  wake_\S+ from cli",
+        r"├─ gate budget admitted ok 0 ms  reserved 0\.500000 usd of 25\.000000",
         rf"├─ worker ok ({duration})  terminated in .*",
         rf"│  └─ turn 1 ok ({duration})  model fake-model",
         rf"│     ├─ command ran ok ({duration})  /bin/bash -lc 'echo traced' \(exit 0\)",
         rf"│     ├─ question approval bothy_checklist ok ({duration})  May I use bothy_checklist\?"
         r" .* → answered by \S+@shell",
-        rf"│     └─ tool bothy_checklist allowed ok 0 ms  approved by \S+@shell",
-        rf"├─ settlement ok 0 ms  cost 0\.\d+ usd, released 0\.\d+",
-        rf"└─ late answer ok 0 ms  from \S+@shell: nothing was waiting: the run had moved on",
+        r"│     └─ tool bothy_checklist allowed ok 0 ms  approved by \S+@shell",
+        r"├─ settlement ok 0 ms  cost 0\.\d+ usd, released 0\.\d+",
+        r"└─ late answer ok 0 ms  from \S+@shell: nothing was waiting: the run had moved on",
     ]
     assert len(lines) == 1 + len(expected), tree.stdout
     for pattern, line in zip(expected, lines[1:], strict=True):
@@ -191,13 +194,11 @@ async def test_the_receiver_refuses_what_breaks_the_otlp_json_rules(tmp_path: Pa
         found = problems(broken(change))
         assert any(words in problem for problem in found), (change.__name__, found)
     async with OtlpReceiver() as receiver:
-        import urllib.error
-        import urllib.request
-
         bad = json.dumps(broken(orphan)).encode()
         request = urllib.request.Request(receiver.url, data=bad,
                                          headers={"Content-Type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as refused:
-            await __import__("asyncio").to_thread(urllib.request.urlopen, request, timeout=5)
+            await asyncio.to_thread(urllib.request.urlopen, request, timeout=5)
+    refused.value.close()
     assert refused.value.code == 400
     assert receiver.received == [] and "no span of this request" in receiver.refused[0]

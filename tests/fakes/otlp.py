@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-
 from opentelemetry.proto_json.collector.trace.v1.trace_service import ExportTraceServiceRequest
 
 __all__ = ["OtlpReceiver", "problems"]
