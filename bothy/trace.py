@@ -9,7 +9,6 @@ derived from the run id, so the same run always gives the same trace.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import urllib.error
 import urllib.request
@@ -19,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from bothy.engine.audit import AuditRecord
+from bothy.engine.traceids import span_id, trace_id
 
 __all__ = ["OtlpRefused", "Span", "build_spans", "otlp_request", "render_tree", "send_otlp",
            "span_id", "trace_id"]
@@ -60,20 +60,6 @@ class Span:
     @property
     def seconds(self) -> float:
         return max(0.0, (self.end - self.start).total_seconds())
-
-
-def trace_id(run_id: str) -> str:
-    """32 hex characters, the same for the same run (never all zero, which W3C forbids)."""
-    return _nonzero(hashlib.sha256(run_id.encode()).hexdigest()[:32])
-
-
-def span_id(run_id: str, key: str) -> str:
-    """16 hex characters for the span ``key`` of the run."""
-    return _nonzero(hashlib.sha256(f"{run_id}/{key}".encode()).hexdigest()[:16])
-
-
-def _nonzero(hex_id: str) -> str:
-    return hex_id if hex_id.strip("0") else hex_id[:-1] + "1"
 
 
 def build_spans(run_id: str, records: Sequence[AuditRecord]) -> list[Span]:

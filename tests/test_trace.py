@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
 import re
 import urllib.error
 import urllib.request
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from bothy.engine.audit import AuditLog
+from bothy.engine.rpc import RECORD_ENV
 from tests.fakes.model_server import ModelServer, text, tool_call
 from tests.fakes.otlp import OtlpReceiver, problems
 from tests.fakes.shell import Shell
@@ -100,6 +102,14 @@ async def test_trace_of_a_real_run_shows_each_step_as_a_tree_as_otlp_and_sent(
     assert int(_attr(root, "bothy.cost_micros")) > 0
     [turn] = [span for span in spans if span["name"] == "turn 1"]
     assert (turn["kind"], _attr(turn, "gen_ai.operation.name")) == (3, "chat")
+    assert _attr(turn, "gen_ai.conversation.id")  # the Codex thread
+    # Codex was handed the run's trace context, naming the root span: its spans join the trace.
+    frames = [json.loads(line) for line in
+              Path(os.environ[RECORD_ENV]).read_text().splitlines()]
+    [turn_start] = [frame["message"] for frame in frames if frame["direction"] == "sent"
+                    and frame["method"] == "turn/start"]
+    assert turn_start["trace"] == {
+        "traceparent": f"00-{root['traceId']}-{root['spanId']}-01"}
     [gate] = [span for span in spans if span["name"] == "gate budget admitted"]
     assert _attr(gate, "bothy.reserved_micros") == "500000"
     [question] = [span for span in spans if span["name"].startswith("question")]
