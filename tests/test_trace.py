@@ -45,6 +45,14 @@ async def _story_run(tmp_path: Path) -> tuple[Site, str]:
     return site, str(run_id)
 
 
+def _sent(method: str) -> list[dict[str, Any]]:
+    """Each ``method`` request Bothy sent codex, from the frames the harness records."""
+    frames = [json.loads(line) for line in
+              Path(os.environ[RECORD_ENV]).read_text().splitlines()]
+    return [frame["message"] for frame in frames
+            if frame["direction"] == "sent" and frame["method"] == method]
+
+
 def _spans(document: dict[str, Any]) -> list[dict[str, Any]]:
     return [span for rs in document["resourceSpans"] for ss in rs["scopeSpans"]
             for span in ss["spans"]]
@@ -104,10 +112,7 @@ async def test_trace_of_a_real_run_shows_each_step_as_a_tree_as_otlp_and_sent(
     assert (turn["kind"], _attr(turn, "gen_ai.operation.name")) == (3, "chat")
     assert _attr(turn, "gen_ai.conversation.id")  # the Codex thread
     # Codex was handed the run's trace context, naming the root span: its spans join the trace.
-    frames = [json.loads(line) for line in
-              Path(os.environ[RECORD_ENV]).read_text().splitlines()]
-    [turn_start] = [frame["message"] for frame in frames if frame["direction"] == "sent"
-                    and frame["method"] == "turn/start"]
+    [turn_start] = _sent("turn/start")
     assert turn_start["trace"] == {
         "traceparent": f"00-{root['traceId']}-{root['spanId']}-01"}
     [gate] = [span for span in spans if span["name"] == "gate budget admitted"]
