@@ -98,6 +98,11 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("--since", help="only records at or after this ISO-8601 time")
     audit.add_argument("--json", action="store_true")
 
+    trace = commands.add_parser("trace", help="a run's whole story: a tree of spans, or OTLP")
+    trace.add_argument("run_id")
+    trace.add_argument("--json", action="store_true", help="print OTLP/JSON")
+    trace.add_argument("--otlp", metavar="URL", help="POST it once to this OTLP/HTTP address")
+
     doctor = commands.add_parser("doctor", help="check this installation, one line per check")
     doctor.add_argument("--json", action="store_true")
     _install_parsers(commands)
@@ -276,6 +281,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         "serve": commands.cmd_daemon,
         "schedule": commands.cmd_schedule,
         "sop": commands.cmd_sop,
+        "trace": commands.cmd_trace,
     }[args.command]
     try:
         return int(asyncio.run(handler(args)))

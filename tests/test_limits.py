@@ -117,9 +117,11 @@ async def test_a_command_past_the_cap_is_interrupted_or_its_approval_declined(
     outcome, run_id, _cost, _usd, reason = done.stdout.split(" ", 4)
     assert (outcome, reason) == ("turn_limit", f"tool call 2 (commandExecution) {how}: the run"
                                  " may make 1 (limits.max_turns)\n")
-    refused = [event for event in _run_events(site, run_id) if event[0] == "tool"]
+    events = _run_events(site, run_id)
+    refused = [event for event in events if event[0] == "tool" and event[1] != "ran"]
     assert refused == ([("tool", "refused", "refused", "turn_limit")] if how == "declined"
                        else [])
+    assert ("tool", "ran", "ok", None) in events  # the first command, which Codex ran itself
     assert _run_events(site, run_id)[-1] == ("run", "finished", "turn_limit", None)
 
 

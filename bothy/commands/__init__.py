@@ -12,6 +12,7 @@ from bothy.commands.operate import (
     cmd_profile,
 )
 from bothy.commands.schedules import cmd_schedule, cmd_sop
+from bothy.commands.tracing import cmd_trace
 
 __all__ = [
     "cmd_answer",
@@ -24,4 +25,5 @@ __all__ = [
     "cmd_run",
     "cmd_schedule",
     "cmd_sop",
+    "cmd_trace",
 ]

@@ -16,7 +16,7 @@ from bothy.errors import UsageError
 from bothy.exitcodes import ExitCode
 
 if TYPE_CHECKING:
-    from bothy.engine.audit import AuditRecord
+    from bothy.engine.audit import AuditLog, AuditRecord
 
 
 async def cmd_audit(args: argparse.Namespace) -> int:
@@ -45,6 +45,11 @@ async def cmd_audit(args: argparse.Namespace) -> int:
     if not records:
         print(f"bothy: {_nothing(args.run_id, args.since)} ({log.path})", file=sys.stderr)
     return ExitCode.OK
+
+
+def run_records(log: AuditLog, run_id: str) -> list[AuditRecord]:
+    """The run's records, its wake's first, in register order."""
+    return [record for record in log.records() if _of_run(record, run_id)]
 
 
 def _of_run(record: AuditRecord, run_id: str) -> bool:

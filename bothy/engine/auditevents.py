@@ -58,7 +58,7 @@ EVENTS = EventTable({
     "budget": ("settled",),
     "plan": ("window",),  # budget mode plan, no rate-limit window known yet
     # Tools and the people asked about them.
-    "tool": ("allowed", "refused"),
+    "tool": ("allowed", "refused", "ran"),
     "question": ("answered", "timed_out", "stopped", "declined"),  # asked: `run question`
     "answer": ("received", "ignored", "late"),
     "mcp": ("failed",),

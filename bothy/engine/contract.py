@@ -31,6 +31,11 @@ READS: dict[tuple[Kind, str], tuple[str, ...]] = {
     ("notification", "item/started"): ("item.type", "item.id"),
     ("notification", "item/completed"): (
         "item.type", "item.id", "item{type=agentMessage}.text",
+        "item{type=commandExecution}.status", "item{type=commandExecution}.command",
+        "item{type=commandExecution}.exitCode", "item{type=commandExecution}.durationMs",
+        "item{type=fileChange}.status", "item{type=fileChange}.changes[].path",
+        "item{type=mcpToolCall}.status", "item{type=mcpToolCall}.server",
+        "item{type=mcpToolCall}.tool",
     ),
     ("notification", "thread/tokenUsage/updated"): (
         "tokenUsage.total.inputTokens", "tokenUsage.total.cachedInputTokens",

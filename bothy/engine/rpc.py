@@ -97,8 +97,10 @@ class RpcConnection:
             f"the app-server exited with code {returncode}", exit_code=returncode
         ))
 
-    async def request(self, method: str, params: dict[str, Any], *, timeout_s: float) -> Any:
-        """Send a request and wait for its result; raise AppServerError on error or death."""
+    async def request(self, method: str, params: dict[str, Any], *, timeout_s: float,
+                      trace: dict[str, str] | None = None) -> Any:
+        """Send a request and wait for its result; raise AppServerError on error or death.
+        ``trace`` is the W3C trace context the request carries (``traceparent``)."""
         if self._lost is not None:
             raise AppServerError(f"Cannot send '{method}': {self._lost}", method=method)
         request_id = self._next_id
@@ -107,7 +109,10 @@ class RpcConnection:
         self._pending[request_id] = future
         self._methods[request_id] = method
         try:
-            await self._send({"id": request_id, "method": method, "params": params}, method)
+            message: dict[str, Any] = {"id": request_id, "method": method, "params": params}
+            if trace is not None:
+                message["trace"] = trace
+            await self._send(message, method)
             async with asyncio.timeout(timeout_s):
                 reply = await future
         except TimeoutError:

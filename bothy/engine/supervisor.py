@@ -41,6 +41,7 @@ from bothy.engine.run import (
 from bothy.engine.state import StateDB
 from bothy.engine.task_link import TaskClaims, TaskLink
 from bothy.engine.toolbox import Asker, RunScope, Toolbox
+from bothy.engine.traceids import traceparent
 from bothy.engine.turn import LiveRun, Turn, TurnStream
 from bothy.engine.verdicts import ApprovalStore
 from bothy.engine.verification import verification_failure
@@ -313,8 +314,10 @@ class Supervisor:
         if isinstance(price, Refused):
             await self._refused(run_id, request.subject, price)
             return RunEnd(Outcome.REFUSED, price.sentence())
-        turn_id = await worker.start_turn(thread.thread_id, request.prompt)
-        await self._turn_started(run_id, request.subject, thread.model, turn_id, worker)
+        turn_id = await worker.start_turn(thread.thread_id, request.prompt,
+                                          traceparent=traceparent(run_id))
+        await self._turn_started(run_id, request.subject, thread.model, turn_id, worker,
+                                 thread_id=thread.thread_id)
         turn = Turn(run_id, request.subject, thread.thread_id, turn_id, price,
                     admitted.reserved_micros)
         stream = TurnStream(live, budget=self.budget, prices=self._prices, pool=self.pool,
@@ -372,7 +375,7 @@ class Supervisor:
             turn.turn_id = await live.worker.start_turn(turn.thread_id, (
                 f"Verification of your work failed (attempt {attempt} of"
                 f" {check.max_attempts}): {failure}\nFix it, then finish again."
-            ))
+            ), traceparent=traceparent(turn.run_id))
             ended = await stream.follow(turn)
             if ended.outcome is not Outcome.COMPLETED:
                 return ended
@@ -382,7 +385,8 @@ class Supervisor:
         return RunEnd(Outcome.UNVERIFIED, reason, ended.text)
 
     async def _turn_started(
-        self, run_id: str, subject: str, model: str, turn_id: str, worker: Worker
+        self, run_id: str, subject: str, model: str, turn_id: str, worker: Worker,
+        *, thread_id: str,
     ) -> None:
         marks = worker.marks
         await self._audit.record(
@@ -390,6 +394,7 @@ class Supervisor:
             details={
                 "model": model,
                 "turn_id": turn_id,
+                "thread_id": thread_id,
                 # The app-server's own start-up, from spawn to its initialize answer.
                 "initialize_ms": round((marks["initialized"] - marks["spawn"]) * 1000, 3),
                 # From spawn to turn/start sent, and when that was (unix seconds).

@@ -311,9 +311,33 @@ class Toolbox:
                                            subject=self._scope.subject,
                                            run_id=self._scope.run_id)
 
+    async def item_done(self, item: dict[str, Any]) -> None:
+        """Record a tool item Codex finished (``item/completed``): a command, a file change or
+        an MCP call, including those it ran without asking anybody, so the run's story has it."""
+        kind = item.get("type")
+        if kind not in _RAN_ITEMS:
+            return
+        status = str(item.get("status") or "")
+        details: dict[str, Any] = {"item": kind, "item_id": str(item.get("id") or ""),
+                                   "status": status}
+        if kind == "commandExecution":
+            details |= {"command": str(item.get("command") or "")[:_SUMMARY_CHARS],
+                        "exit_code": item.get("exitCode"), "duration_ms": item.get("durationMs")}
+        elif kind == "fileChange":
+            details["paths"] = [str(change.get("path")) for change in item.get("changes") or []
+                                if isinstance(change, dict)]
+        else:
+            details |= {"server": str(item.get("server") or ""),
+                        "tool": str(item.get("tool") or "")}
+        await self._record("tool", "ran", "ok" if status == "completed" else "failed", details)
+
     async def _record(self, kind: str, event: str, outcome: str, details: dict[str, Any]) -> None:
         await self._audit.record(kind, event, outcome, subject=self._scope.subject,
                                  run_id=self._scope.run_id, details=details)
+
+
+_RAN_ITEMS = frozenset({"commandExecution", "fileChange", "mcpToolCall"})
+_SUMMARY_CHARS = 500
 
 
 def flat_name(tool: HostedTool) -> str:

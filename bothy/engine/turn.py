@@ -170,6 +170,8 @@ class TurnStream:
             item = params.get("item") or {}
             if item.get("type") == "agentMessage":
                 turn.text = str(item.get("text", ""))
+            else:
+                await self._live.toolbox.item_done(item)
         elif note.method == "thread/tokenUsage/updated":
             return await self._measure(turn, params)
         elif note.method == "account/rateLimits/updated":

@@ -140,11 +140,15 @@ class Worker:
         """Make extra skill roots visible to Codex (a profile's ``skills``)."""
         await self._call("skills/extraRoots/set", {"extraRoots": roots})
 
-    async def start_turn(self, thread_id: str, text: str) -> str:
+    async def start_turn(self, thread_id: str, text: str, *,
+                         traceparent: str | None = None) -> str:
+        """Start a turn; ``traceparent`` (W3C) makes Codex's own spans join the run's trace."""
         self.marks["turn_start_sent"] = time.monotonic()
         self.marks["turn_start_sent_unix"] = time.time()
-        result = await self._call(
-            "turn/start", {"threadId": thread_id, "input": [{"type": "text", "text": text}]}
+        result = await self._connection().request(
+            "turn/start", {"threadId": thread_id, "input": [{"type": "text", "text": text}]},
+            timeout_s=_CALL_TIMEOUT_S,
+            trace={"traceparent": traceparent} if traceparent else None,
         )
         self.marks["turn_started"] = time.monotonic()
         turn = result.get("turn") if isinstance(result, dict) else None
