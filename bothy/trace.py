@@ -84,6 +84,7 @@ class _Builder:
         self._worker: Span | None = None
         self._turn: Span | None = None
         self._question: Span | None = None
+        self._answered: Span | None = None  # the last question an answer ended
         self._turns = 0
         self._finished: datetime | None = None
         self._counts: dict[str, int] = {}
@@ -159,10 +160,14 @@ class _Builder:
                 span.summary = f"{span.summary} → answered by {d.get('by', '?')}"
             else:
                 span.summary = f"{span.summary} → {r.event}"
+            self._answered = span if r.event == "answered" else None
             self._question = None
-        elif pair == ("answer", "received") and self._question is not None:
-            # The answer reached the held question; the question's end record follows.
-            self._question.attributes["bothy.answer.received_by"] = str(d.get("by", ""))
+        elif pair == ("answer", "received") and (self._question or self._answered):
+            # The answer that reached the held question: its record may come just before the
+            # question's end record or just after it; either way it belongs to that question.
+            held = self._question or self._answered
+            if held is not None:
+                held.attributes["bothy.answer.received_by"] = str(d.get("by", ""))
         elif pair == ("answer", "late"):
             self._instant(r, "late_answer", "late answer", {"bothy.answer.by": str(d.get("by", "")),
                                                              "bothy.late": True},
