@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import sqlite3
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -254,18 +253,11 @@ def _serve(home: BothyHome, report: dict[str, Any]) -> None:
 
 
 def _same_process(pid: int, start: object) -> bool:
-    # A small copy of procgroup.process_start_time: importing the engine (and asyncio) here
-    # would cost status most of its start-up budget.
-    try:
-        raw = open(f"/proc/{pid}/stat", "rb").read().decode()  # noqa: SIM115
-    except OSError:
-        try:
-            os.kill(pid, 0)  # no /proc (macOS): existence is all we can cheaply tell
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
-    fields = raw[raw.rindex(")") + 2:].split()
-    return fields[0] not in ("Z", "X") and fields[19] == str(start)
+    # Imported here: only a published daemon needs the process table (and psutil).
+    from bothy.engine.proctable import matches, read_row
+
+    row = read_row(pid)
+    return row is not None and row.is_live and isinstance(start, str) and matches(row.start, start)
 
 
 def render_status(report: dict[str, Any]) -> str:

@@ -29,6 +29,7 @@ from bothy.engine.procgroup import (
     live_members,
     process_start_time,
 )
+from bothy.engine.proctable import ProcessStart, boot_time_s, same_process
 from bothy.errors import ProcessGroupError
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="checks results in /proc")
@@ -277,7 +278,10 @@ async def test_a_recycled_leader_pid_is_never_signalled(leftovers: _Leftovers) -
     """A live pid whose start time is not the recorded one is left alone and called recycled."""
     async with asyncio.timeout(_BOUND_S):
         group = await _spawn_ready(leftovers, "echo ready; exec sleep 300")
-        stale = GroupRecord(group.pgid, group.pgid, str(int(group.record.leader_start) + 1))
+        start = ProcessStart.parse(group.record.leader_start)
+        assert start is not None
+        later = ProcessStart(start.ticks + 1, start.boot_s).encode()
+        stale = GroupRecord(group.pgid, group.pgid, later)
 
         outcome = await end_orphan_group(stale, grace_s=0.1)
 
@@ -286,6 +290,75 @@ async def test_a_recycled_leader_pid_is_never_signalled(leftovers: _Leftovers) -
         assert live_members(group.pgid) == [group.pgid]
         assert group.process.returncode is None
         assert "nothing signalled" in outcome.describe()
+
+
+async def test_an_orphan_recorded_in_the_old_format_is_ended(leftovers: _Leftovers) -> None:
+    """A row written before psutil (ticks since boot alone, /proc field 22) still ends its group."""
+    async with asyncio.timeout(_BOUND_S):
+        current = await _orphan_group(leftovers, "sleep 300 & echo ready; wait")
+        leader = _stat_fields(current.leader_pid)
+        assert leader is not None
+        old_format = GroupRecord(current.pgid, current.leader_pid, leader[19])
+        assert old_format.leader_start.isdigit()
+        members = live_members(old_format.pgid)
+        assert len(members) == 2
+
+        outcome = await end_orphan_group(old_format, grace_s=5)
+
+        assert outcome.verdict is OrphanVerdict.ENDED
+        assert outcome.pids == tuple(members)
+        assert live_members(old_format.pgid) == []
+
+
+async def test_an_old_format_record_of_another_start_is_never_signalled(
+    leftovers: _Leftovers,
+) -> None:
+    """An old-format row whose ticks are not the live leader's is a recycled pid: left alone."""
+    async with asyncio.timeout(_BOUND_S):
+        group = await _spawn_ready(leftovers, "echo ready; exec sleep 300")
+        leader = _stat_fields(group.pgid)
+        assert leader is not None
+        stale = GroupRecord(group.pgid, group.pgid, str(int(leader[19]) - 1))
+
+        outcome = await end_orphan_group(stale, grace_s=0.1)
+
+        assert outcome.verdict is OrphanVerdict.RECYCLED
+        assert live_members(group.pgid) == [group.pgid]
+
+
+async def test_a_record_from_before_a_reboot_is_never_signalled(leftovers: _Leftovers) -> None:
+    """Same pid, same ticks since boot, but an earlier boot: a stranger's group, left alone."""
+    async with asyncio.timeout(_BOUND_S):
+        group = await _spawn_ready(leftovers, "echo ready; exec sleep 300")
+        start = ProcessStart.parse(group.record.leader_start)
+        assert start is not None and start.boot_s == boot_time_s()
+        a_day_earlier = ProcessStart(start.ticks, start.boot_s - 86_400).encode()
+        before_reboot = GroupRecord(group.pgid, group.pgid, a_day_earlier)
+
+        outcome = await end_orphan_group(before_reboot, grace_s=0.1)
+
+        assert outcome.verdict is OrphanVerdict.PREVIOUS_BOOT
+        assert outcome.pids == ()
+        assert live_members(group.pgid) == [group.pgid]
+        assert group.process.returncode is None
+        assert outcome.describe().startswith("recorded before a reboot, nothing signalled: pgid")
+
+
+def test_a_process_is_known_by_its_start_in_either_format_and_this_boot_only() -> None:
+    """Our own pid matches its start as recorded now and as recorded before psutil (ticks
+    alone); an earlier boot, another tick or an unreadable start does not match."""
+    recorded = process_start_time(os.getpid())
+    assert recorded is not None
+    start = ProcessStart.parse(recorded)
+    assert start is not None and start.boot_s is not None
+    fields = _stat_fields(os.getpid())
+    assert fields is not None and start.ticks == int(fields[19])
+
+    assert same_process(os.getpid(), recorded)
+    assert same_process(os.getpid(), fields[19])
+    assert not same_process(os.getpid(), ProcessStart(start.ticks, start.boot_s - 3600).encode())
+    assert not same_process(os.getpid(), ProcessStart(start.ticks + 1, start.boot_s).encode())
+    assert not same_process(os.getpid(), "Tue Dec  1 08:38:56 2026")
 
 
 async def test_an_orphan_record_with_no_live_member_is_gone(leftovers: _Leftovers) -> None:

@@ -25,10 +25,10 @@ residual case cannot be told apart from the record alone, and is accepted as van
 unlikely: our group ended completely, pid N was recycled, the new process made itself a
 session leader, forked and exited — its children then look like our leaderless group.
 
-Start times are ``/proc/<pid>/stat`` field 22 (clock ticks since boot) on Linux and
-``ps -o lstart=`` on macOS. A Linux start time is relative to the boot: a record written
-before a reboot should be discarded by its owner (pair it with the boot id) rather than
-compared — after a reboot no process of the old group can exist anyway.
+The process table itself (rows, start times, the boot a start counts from) is read by
+:mod:`bothy.engine.proctable` through psutil. A record written before a reboot is told apart
+by its boot and signals nothing (``PREVIOUS_BOOT``): after a reboot no process of the old group
+can exist. A record of the older, ticks-only form is still read, as ticks of this boot.
 """
 
 from __future__ import annotations
@@ -37,14 +37,19 @@ import asyncio
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any
 
+from bothy.engine.proctable import (
+    ProcessStart,
+    boot_time_s,
+    group_rows,
+    matches,
+    read_row,
+)
 from bothy.errors import ProcessGroupError
 
 __all__ = [
@@ -60,8 +65,6 @@ __all__ = [
     "process_start_time",
 ]
 
-_IS_DARWIN = sys.platform == "darwin"
-_DEAD_STATES = frozenset({"Z", "X", "x"})  # zombie, dead (``x`` on old Linux kernels)
 _POLL_FIRST_S = 0.005
 _POLL_MAX_S = 0.1
 _DEFAULT_LIMIT_BYTES = 2**16  # asyncio's own default for StreamReader lines
@@ -70,106 +73,26 @@ Redirect = int | IO[Any] | None
 """What ``stdin``/``stdout``/``stderr`` accept: ``asyncio.subprocess.PIPE``, ``DEVNULL``, a file."""
 
 
-# --- Reading the process table ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Proc:
-    """One row of the process table, as far as Bothy cares."""
-
-    pid: int
-    pgid: int
-    state: str
-    start: str | None  # None when the scan that produced the row does not read start times
-
-    @property
-    def is_live(self) -> bool:
-        return self.state not in _DEAD_STATES
-
-
-def _parse_linux_stat(pid: int, raw: bytes) -> _Proc | None:
-    # comm (field 2) may hold spaces and parentheses: split after the LAST ')' (proc(5)).
-    fields = raw.rpartition(b")")[2].split()
-    # fields[0] is field 3 (state), fields[2] field 5 (pgrp), fields[19] field 22 (starttime).
-    if len(fields) < 20 or not fields[2].isdigit() or not fields[19].isdigit():
-        return None
-    return _Proc(pid, int(fields[2]), fields[0].decode("ascii", "replace"), fields[19].decode())
-
-
-def _read_linux(pid: int) -> _Proc | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            raw = stat.read()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        # Gone (or mid-exit), or hidden from us by hidepid — then we could not signal it either.
-        return None
-    return _parse_linux_stat(pid, raw)
-
-
-def _scan_linux() -> list[_Proc]:
-    try:
-        entries = [entry.name for entry in os.scandir("/proc") if entry.name.isdigit()]
-    except OSError as exc:
-        raise ProcessGroupError(f"Cannot enumerate processes: /proc is unreadable ({exc})") from exc
-    # Processes vanish between the listing and the read: _read_linux says None, we skip them.
-    return [proc for name in entries if (proc := _read_linux(int(name))) is not None]
-
-
-def _ps(*args: str) -> list[list[str]]:
-    # LC_ALL=C: ``lstart`` is printed in the C locale, so a stored value compares equal later.
-    result = subprocess.run(
-        ["ps", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={"LC_ALL": "C", "PATH": "/bin:/usr/bin"},
-    )
-    # ps exits 1 when ``-p PID`` matches nothing: that is "gone", not an error.
-    return [line.split() for line in result.stdout.splitlines() if line.strip()]
-
-
-def _read_darwin(pid: int) -> _Proc | None:
-    for row in _ps("-o", "pid=,pgid=,stat=,lstart=", "-p", str(pid)):
-        if len(row) >= 4 and row[0] == str(pid):
-            return _Proc(pid, int(row[1]), row[2][:1], " ".join(row[3:]))
-    return None
-
-
-def _scan_darwin() -> list[_Proc]:
-    return [
-        _Proc(int(row[0]), int(row[1]), row[2][:1], None)
-        for row in _ps("-A", "-o", "pid=,pgid=,stat=")
-        if len(row) >= 3
-    ]
-
-
-def _read_proc(pid: int) -> _Proc | None:
-    return _read_darwin(pid) if _IS_DARWIN else _read_linux(pid)
-
-
-def _scan() -> list[_Proc]:
-    return _scan_darwin() if _IS_DARWIN else _scan_linux()
+# --- Reading the process table (bothy.engine.proctable) -----------------------------------
 
 
 def process_start_time(pid: int) -> str | None:
-    """When ``pid`` started, as an opaque string that differs for a recycled pid; None if gone.
+    """When ``pid`` started, in the stored form of :class:`ProcessStart`; None if it is gone.
 
-    Linux: field 22 of ``/proc/<pid>/stat`` (clock ticks since boot, decimal). macOS:
-    ``ps -o lstart=`` in the C locale. A zombie still has its start time. This reads one file
-    (Linux) or runs ``ps`` (macOS): call it from a thread when latency matters.
+    Differs for a recycled pid and for a process of another boot. A zombie still has its start
+    time. One short read of the process table (see :func:`~bothy.engine.proctable.read_row`).
     """
-    proc = _read_proc(pid)
-    return None if proc is None else proc.start
+    row = read_row(pid)
+    return None if row is None or row.start is None else row.start.encode()
 
 
 def live_members(pgid: int) -> list[int]:
     """The pids in process group ``pgid`` that are alive — zombies and dead tasks excluded.
 
-    Linux scans ``/proc/*/stat`` (processes that vanish mid-scan are skipped); macOS runs
-    ``ps -A``. Sorted ascending. Blocking (about 6 µs per process on Linux): coroutines call
-    it through ``asyncio.to_thread``.
+    Sorted ascending. Blocking (a ``getpgid`` per process on the machine): coroutines call it
+    through ``asyncio.to_thread``.
     """
-    return sorted(proc.pid for proc in _scan() if proc.pgid == pgid and proc.is_live)
+    return [row.pid for row in group_rows(pgid) if row.is_live]
 
 
 # --- What is persisted, and what is reported ----------------------------------------------
@@ -252,6 +175,7 @@ class OrphanVerdict(StrEnum):
 
     GONE = "gone"  # no live member: nothing signalled
     RECYCLED = "recycled"  # the pid/pgid now belongs to another process: nothing signalled
+    PREVIOUS_BOOT = "previous_boot"  # recorded before a reboot: nothing of it can be left
     ENDED = "ended"  # live members were signalled and are gone
     SURVIVED = "survived"  # members outlived SIGKILL and the bounded wait
 
@@ -271,6 +195,7 @@ class OrphanOutcome:
         how = {
             OrphanVerdict.GONE: "already gone",
             OrphanVerdict.RECYCLED: "pid recycled, nothing signalled",
+            OrphanVerdict.PREVIOUS_BOOT: "recorded before a reboot, nothing signalled",
             OrphanVerdict.ENDED: "ended by SIGKILL" if self.killed else "ended by SIGTERM",
             OrphanVerdict.SURVIVED: "SURVIVED SIGKILL",
         }[self.verdict]
@@ -288,36 +213,37 @@ class _Census:
     """The live members of a recorded group, or proof that its pgid belongs to someone else."""
 
     members: tuple[int, ...]
-    recycled: bool = False
+    foreign: OrphanVerdict | None = None  # RECYCLED or PREVIOUS_BOOT: nothing there is ours
 
     @property
     def gone(self) -> bool:
-        return self.recycled or not self.members
-
-
-def _started_before(proc: _Proc, leader_start: str) -> bool:
-    """True if ``proc`` provably started before the leader (Linux ticks; unknown is False)."""
-    if proc.start is None or not proc.start.isdigit() or not leader_start.isdigit():
-        return False
-    return int(proc.start) < int(leader_start)
+        return self.foreign is not None or not self.members
 
 
 def _census(record: GroupRecord) -> _Census:
     """Blocking: one read of the leader and one scan of the process table."""
-    leader = _read_proc(record.leader_pid)
-    if leader is not None and leader.start != record.leader_start:
+    boot_s = boot_time_s()
+    recorded = ProcessStart.parse(record.leader_start)
+    if recorded is None:
+        # A start we cannot read back (a macOS ``ps`` date of old) identifies nobody.
+        return _Census((), foreign=OrphanVerdict.RECYCLED)
+    if recorded.before_boot(boot_s):
+        # Nothing survives a reboot: whoever holds pid or pgid N now is a stranger.
+        return _Census((), foreign=OrphanVerdict.PREVIOUS_BOOT)
+    leader = read_row(record.leader_pid, boot_s=boot_s)
+    if leader is not None and not matches(leader.start, record.leader_start):
         # pid N was handed out again, so group N had emptied first: nothing of ours is left.
-        return _Census((), recycled=True)
-    members = [proc for proc in _scan() if proc.pgid == record.pgid and proc.is_live]
-    if any(_started_before(proc, record.leader_start) for proc in members):
-        # A member older than the leader cannot be ours (extra safety; Linux only).
-        return _Census((), recycled=True)
-    return _Census(tuple(sorted(proc.pid for proc in members)))
+        return _Census((), foreign=OrphanVerdict.RECYCLED)
+    members = [row for row in group_rows(record.pgid) if row.is_live]
+    if any(row.start is not None and row.start.ticks < recorded.ticks for row in members):
+        # A member older than the leader cannot be ours (extra safety).
+        return _Census((), foreign=OrphanVerdict.RECYCLED)
+    return _Census(tuple(row.pid for row in members))
 
 
 async def _take_census(record: GroupRecord) -> _Census:
-    # A scan costs ~6 µs per process: sub-millisecond here, but tens of milliseconds on a host
-    # with thousands of processes, so it runs off the event loop.
+    # A scan costs a getpgid per process: sub-millisecond here, but tens of milliseconds on a
+    # host with thousands of processes, so it runs off the event loop.
     return await asyncio.to_thread(_census, record)
 
 
@@ -362,14 +288,6 @@ async def _end_group(
     if census.gone:
         return Ending.KILLED, ()
     return Ending.SURVIVED, census.members
-
-
-async def _start_time_now(pid: int) -> str | None:
-    # Linux: one small /proc read, read at once — a thread hop would widen the window in which
-    # a short-lived leader is reaped before its start time is seen. macOS runs ps: off the loop.
-    if _IS_DARWIN:
-        return await asyncio.to_thread(process_start_time, pid)
-    return process_start_time(pid)
 
 
 def _refuse_own_group(record: GroupRecord) -> None:
@@ -444,7 +362,9 @@ class ProcessGroup:
             ) from exc
         # setsid() made the child the leader of a new group: pgid == pid (contracts.md §9).
         # The child watcher may already have reaped a child that exited at once; see GroupRecord.
-        start = await _start_time_now(process.pid) or await _start_time_now(os.getpid())
+        # Read at once, not from a thread: a hop would widen the window in which a short-lived
+        # leader is reaped before its start is seen.
+        start = process_start_time(process.pid) or process_start_time(os.getpid())
         if start is None:  # pragma: no cover - our own process is always readable
             raise ProcessGroupError("Cannot read Bothy's own start time")
         return cls(process=process, record=GroupRecord(process.pid, process.pid, start))
@@ -462,11 +382,15 @@ class ProcessGroup:
     def is_alive(self) -> bool:
         """True if any member of the group is alive (zombies are not).
 
-        One ``/proc`` read while the leader lives; a full scan once it has exited (see
+        One read of the leader while it lives; a full scan once it has exited (see
         :func:`live_members` for the cost).
         """
-        leader = _read_proc(self.record.leader_pid)
-        if leader is not None and leader.start == self.record.leader_start and leader.is_live:
+        leader = read_row(self.record.leader_pid)
+        if (
+            leader is not None
+            and leader.is_live
+            and matches(leader.start, self.record.leader_start)
+        ):
             return True
         return not _census(self.record).gone
 
@@ -548,8 +472,8 @@ async def end_orphan_group(
     """
     _refuse_own_group(record)
     census = await _take_census(record)
-    if census.recycled:
-        return OrphanOutcome(OrphanVerdict.RECYCLED, record)
+    if census.foreign is not None:
+        return OrphanOutcome(census.foreign, record)
     if not census.members:
         return OrphanOutcome(OrphanVerdict.GONE, record)
     ending, survivors = await _end_group(record, grace_s=grace_s, kill_wait_s=kill_wait_s)

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from bothy.clock import Clock, to_us
 from bothy.engine.audit import AuditLog
-from bothy.engine.procgroup import GroupRecord, end_orphan_group, process_start_time
+from bothy.engine.procgroup import GroupRecord, end_orphan_group
+from bothy.engine.proctable import same_process
 from bothy.engine.state import RunRow, StateDB
 
 
@@ -31,7 +32,7 @@ class Recovered:
 
 def owner_alive(row: RunRow) -> bool:
     """The run's owner is still the process that admitted it (not a recycled pid)."""
-    return row.owner_start is not None and process_start_time(row.owner_pid) == row.owner_start
+    return row.owner_start is not None and same_process(row.owner_pid, row.owner_start)
 
 
 class Recovery:
