@@ -2,7 +2,8 @@
 
 Write a uniquely named temporary file beside it (0600, in a 0700 directory), fsync it, rename
 it over the target, then fsync the directory so the new name itself survives a power loss
-(contracts.md §7). Standard library only: `bothy status` uses it and must start fast.
+(contracts.md §7). Both fsyncs are :mod:`bothy.fsync`'s (F_FULLFSYNC on macOS). Standard
+library only: `bothy status` uses it and must start fast.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import contextlib
 import os
 import secrets
 from pathlib import Path
+
+from bothy.fsync import fsync, fsync_directory
 
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
@@ -26,16 +29,12 @@ def write_atomically(path: Path, data: bytes) -> None:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            os.fsync(fd)
+            fsync(fd)
         finally:
             os.close(fd)
         os.replace(partial, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(partial)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        with contextlib.suppress(OSError):  # some filesystems refuse fsync on a directory
-            os.fsync(directory)
-    finally:
-        os.close(directory)
+    with contextlib.suppress(OSError):  # some filesystems refuse fsync on a directory
+        fsync_directory(path.parent)

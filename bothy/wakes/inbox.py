@@ -35,14 +35,12 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import secrets
 import sqlite3
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -52,6 +50,7 @@ from typing import Any
 from bothy.clock import Clock, to_us
 from bothy.engine.state import StateDB
 from bothy.errors import InboxError
+from bothy.fsync import fsync, fsync_directory
 
 _FORMAT_VERSION = 1
 _WEBHOOK = "webhook"  # the source of a delivery that names none (files written before sources)
@@ -205,7 +204,7 @@ class Inbox:
     async def _commit(self, batch: list[_Pending]) -> list[Accepted | Duplicate]:
         """Steps 3 and 4 for a whole batch: one directory fsync, then one INSERT statement."""
         try:
-            await asyncio.to_thread(_fsync_dir, self.root)
+            await asyncio.to_thread(fsync_directory, self.root)
         except OSError as exc:
             raise InboxError(f"Cannot fsync the inbox directory {self.root}: {exc}") from exc
         try:
@@ -486,7 +485,7 @@ def _store_payload(root: Path, name: str, delivery: Delivery) -> None:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            _fsync(fd)
+            fsync(fd)
         finally:
             os.close(fd)
         with contextlib.suppress(FileExistsError):  # a concurrent copy of it got there first
@@ -501,23 +500,7 @@ def _ensure_dir(root: Path) -> None:
         return
     # FileExistsError when ``root`` is a file: the caller reports it as an OSError.
     root.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
-    _fsync_dir(root.parent)
-
-
-def _fsync(fd: int) -> None:
-    if sys.platform == "darwin":
-        # macOS fsync does not reach the platter; F_FULLFSYNC does (contracts.md §7).
-        fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
-    else:
-        os.fsync(fd)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        _fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_directory(root.parent)
 
 
 def _payload_names(root: Path) -> list[str]:
@@ -538,7 +521,7 @@ def _remove_payloads(root: Path, names: list[str], older_than_us: int) -> None:
             with contextlib.suppress(FileNotFoundError):
                 if entry.stat().st_mtime_ns // 1000 < older_than_us:
                     os.unlink(entry.path)
-    _fsync_dir(root)  # the names are gone for good before their rows are
+    fsync_directory(root)  # the names are gone for good before their rows are
 
 
 def _settle(future: asyncio.Future[Accepted | Duplicate],
