@@ -68,7 +68,7 @@ def main() -> None:
 
 def _single_writer_rate(path: Path) -> float:
     log = AuditLog(path)
-    log.append("bench", "started", "ok")  # create the file outside the timing
+    log.append("serve", "starting", "ok")  # create the file outside the timing
     started = time.perf_counter()
     for n in range(SINGLE_WRITER_RECORDS):
         log.append("run", "admitted", "ok", subject=f"pr:{n}", run_id=_RUN_ID, details=_DETAILS)
@@ -77,7 +77,7 @@ def _single_writer_rate(path: Path) -> float:
 
 def _multi_writer_rate(path: Path) -> float:
     """Aggregate appends/s of concurrent writer processes, from their common start signal."""
-    AuditLog(path).append("bench", "started", "ok")
+    AuditLog(path).append("serve", "starting", "ok")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     writers = [
         subprocess.Popen(

@@ -21,10 +21,13 @@ from pathlib import Path
 import pytest
 
 from bothy.engine.audit import GENESIS_HASH, AuditLog, AuditRecord, Fault
+from bothy.engine.auditevents import EVENTS
 from bothy.errors import AuditIntegrityError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXED_TS = datetime(2026, 9, 24, 10, 14, 2, 118734, tzinfo=UTC)
+# Tests of the file format name a few events Bothy itself never writes.
+_FORMAT_EVENTS = EVENTS.including({"run": ("settled",), "test": ("written",)})
 
 
 def _fixed_clock() -> datetime:
@@ -91,7 +94,7 @@ def test_append_returns_the_record_as_written(tmp_path: Path) -> None:
 
 def test_line_on_disk_is_the_canonical_body_with_its_hash(tmp_path: Path) -> None:
     """A line is compact ASCII JSON in fixed field order; hash = sha256 of the line minus hash."""
-    log = AuditLog(tmp_path / "audit.jsonl", clock=_fixed_clock)
+    log = AuditLog(tmp_path / "audit.jsonl", clock=_fixed_clock, events=_FORMAT_EVENTS)
 
     record = log.append(
         "run", "settled", "ok", subject="pr:42", details={"z": 1, "a": {"y": "é", "b": 2}}
@@ -353,8 +356,9 @@ _WRITER = """
 import sys
 from pathlib import Path
 from bothy.engine.audit import AuditLog
+from bothy.engine.auditevents import EVENTS
 
-log = AuditLog(Path(sys.argv[1]))
+log = AuditLog(Path(sys.argv[1]), events=EVENTS.including({"test": ("written",)}))
 name, count = sys.argv[2], int(sys.argv[3])
 print("ready", flush=True)
 sys.stdin.readline()
@@ -491,6 +495,18 @@ def test_malformed_token_is_a_value_error(tmp_path: Path, field: str, value: str
     assert not log.path.exists()
 
 
+@pytest.mark.parametrize(("kind", "event"), [("run", "settled"), ("wake", "recieved")])
+def test_an_undeclared_event_is_refused_before_anything_is_written(
+    tmp_path: Path, kind: str, event: str
+) -> None:
+    """A (kind, event) pair missing from the events table is a bug: ValueError, no record."""
+    log = AuditLog(tmp_path / "audit.jsonl")
+
+    with pytest.raises(ValueError, match=f"audit event '{kind} {event}' is not declared"):
+        log.append(kind, event, "ok")
+    assert not log.path.exists()
+
+
 @pytest.mark.parametrize("details", [{"when": datetime.now(UTC)}, {"ratio": float("nan")}])
 def test_details_must_be_json(tmp_path: Path, details: dict[str, object]) -> None:
     """Details that JSON cannot carry exactly are refused before anything is written."""
@@ -506,7 +522,7 @@ def test_details_must_be_json(tmp_path: Path, details: dict[str, object]) -> Non
 
 def test_records_filter_by_run_and_since(tmp_path: Path) -> None:
     """records(run_id=...) keeps one run's lines; records(since=...) those stamped at or after."""
-    log = AuditLog(tmp_path / "audit.jsonl", clock=_SteppingClock())
+    log = AuditLog(tmp_path / "audit.jsonl", clock=_SteppingClock(), events=_FORMAT_EVENTS)
     log.append("wake", "received", "ok", subject="pr:1")
     log.append("run", "admitted", "ok", subject="pr:1", run_id="run_a")
     log.append("run", "admitted", "ok", subject="pr:2", run_id="run_b")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import typing
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from bothy.config import (
     ProfileConfig,
     WebhookRoute,
 )
+from bothy.engine.auditevents import EVENTS
 from bothy.exitcodes import ExitCode
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -63,3 +65,14 @@ def test_readme_opens_with_the_two_commands() -> None:
     head = "\n".join(README.read_text().splitlines()[:15])
     assert "make demo" in head
     assert "make test" in head
+
+
+def test_the_audit_events_table_and_docs_audit_md_agree() -> None:
+    """Every event the register accepts is explained in docs/AUDIT.md, and nothing else is."""
+    rows = [line for line in (DOCS / "AUDIT.md").read_text().splitlines()
+            if line.startswith("| `")]
+    documented = {pair for row in rows
+                  for pair in re.findall(r"`([a-z_-]+) ([a-z_-]+)`", row.split("|")[1])}
+    declared = set(EVENTS)
+    assert sorted(declared - documented) == [], "declared but not in docs/AUDIT.md"
+    assert sorted(documented - declared) == [], "in docs/AUDIT.md but not declared"

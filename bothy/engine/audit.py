@@ -1,25 +1,9 @@
 """The register: a hash-chained, append-only audit log (SPEC §2, rule 3 "fsync, then acknowledge").
 
-File format: JSON Lines, one record per line, ASCII only, no insignificant whitespace::
-
-    {"seq":1,"ts":"2026-09-24T10:14:02.118734+00:00","kind":"wake","event":"received",
-     "outcome":"ok","subject":"pr:42","run_id":null,"details":{},"prev":"000…000",
-     "hash":"<64 hex>"}
-
-(one line on disk). Canonical form: the *body* is the record without ``hash``, serialised with
-the top-level keys in the order above, keys inside ``details`` sorted, ``separators=(",", ":")``
-and ``ensure_ascii=True``. ``hash`` is the sha256 hex digest of the body's bytes, and the line
-on disk is the body with ``,"hash":"<digest>"`` spliced in before its closing brace. So a
-verifier recovers the exact hashed bytes by cutting the fixed-width 75-byte hash field off the
-end of the line and putting the ``}`` back: it never re-serialises, which keeps verification
-fast and independent of how any JSON library formats floats or orders keys. Re-serialising
-with the rules above gives the same bytes, so other tools can verify the chain too.
-
-Why the hash covers ``prev``: each record's digest then commits to the digest before it, and
-so, transitively, to every earlier record. Editing, deleting, inserting or reordering any
-record breaks every link after it unless the rest of the chain is rewritten too; a record
-can't be silently dropped or moved, only the whole tail re-forged (which an anchored copy of
-a recent hash, e.g. in a chat alert, would expose).
+This module is the writer (and the reader of the file): :class:`AuditLog`. One record and its
+canonical line — the bytes the hash covers — are :mod:`bothy.engine.auditrecord`; checking a
+whole chain is :mod:`bothy.engine.auditchain`; the human form is :mod:`bothy.engine.auditformat`;
+which kinds of record exist is :mod:`bothy.engine.auditevents`, enforced on every append.
 
 Writers in several processes take an exclusive ``flock`` on ``<path>.lock`` for each append;
 the record is written in one ``write`` and fsynced before ``append`` returns.
@@ -29,109 +13,54 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import fcntl
 import hashlib
 import json
 import os
-import re
-import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bothy.engine.auditchain import Fault, VerifyReport, verify_lines
+from bothy.engine.auditevents import EVENTS, EventTable
+from bothy.engine.auditrecord import (
+    GENESIS_HASH,
+    AuditRecord,
+    body_of,
+    format_ts,
+    parse_line,
+    serialise_body,
+    with_hash,
+)
 from bothy.errors import AuditIntegrityError, StateError
+from bothy.fsync import fsync, fsync_directory
 
-GENESIS_HASH = "0" * 64
-"""The ``prev`` of record 1: there is no record before it."""
+__all__ = ["GENESIS_HASH", "AuditLog", "AuditRecord", "Fault", "VerifyReport"]
 
-_FIELDS = ("seq", "ts", "kind", "event", "outcome", "subject", "run_id", "details", "prev")
-_HASH_PREFIX = b',"hash":"'
-_HASH_FIELD_LEN = len(_HASH_PREFIX) + 64 + len(b'"}')  # 75 bytes at the end of every line
-_HASH_FIELD = re.compile(rb',"hash":"([0-9a-f]{64})"\}')
-_DECODER = json.JSONDecoder()
 _TAIL_CHUNK_BYTES = 4096
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
 
 
-@dataclass(frozen=True)
-class AuditRecord:
-    """One entry of the register, as written to disk (``hash`` covers everything else)."""
-
-    seq: int
-    ts: datetime
-    kind: str
-    event: str
-    outcome: str
-    subject: str | None
-    run_id: str | None
-    details: Mapping[str, Any] = field(hash=False)
-    prev: str
-    hash: str
-
-    def human_line(self) -> str:
-        """The greppable one-line form of SPEC §2: seq, ts, kind, event, outcome, subject, run."""
-        return (
-            f"{self.seq:04d} {_format_ts(self.ts)} {self.kind} {self.event} {self.outcome} "
-            f"{self.subject or '-'} {self.run_id or '-'}"
-        )
-
-    def to_json(self) -> str:
-        """The record as one line of canonical JSON, hash included (``bothy audit --json``)."""
-        body = _serialise_body(
-            seq=self.seq,
-            ts=_format_ts(self.ts),
-            kind=self.kind,
-            event=self.event,
-            outcome=self.outcome,
-            subject=self.subject,
-            run_id=self.run_id,
-            details=self.details,
-            prev=self.prev,
-        )
-        return _with_hash(body, self.hash).decode("ascii")
-
-
-class Fault(enum.StrEnum):
-    """What kind of damage ``verify`` found first."""
-
-    ALTERED = "altered"
-    MISSING = "missing"
-    REORDERED = "reordered"
-    TRUNCATED = "truncated"
-    UNPARSABLE = "unparsable"
-
-
-@dataclass(frozen=True)
-class VerifyReport:
-    """The verdict on a whole chain. ``ok`` with ``count`` 0 for an empty or absent file."""
-
-    ok: bool
-    count: int
-    first_bad_seq: int | None = None
-    line_no: int | None = None
-    problem: str = ""
-    fault: Fault | None = None
-
-    def describe(self) -> str:
-        """One sentence for ``bothy doctor`` and ``bothy audit verify``."""
-        if self.ok:
-            return f"audit chain intact ({self.count} records verified)"
-        return f"audit chain broken after {self.count} good records: {self.problem}"
-
-
 class AuditLog:
     """The append-only, hash-chained register at ``path``; safe across threads and processes.
 
-    ``clock`` returns the aware datetime stamped on each record (default: now, in UTC).
+    ``clock`` returns the aware datetime stamped on each record (default: now, in UTC);
+    ``events`` is the table of (kind, event) pairs it accepts (default: Bothy's own).
     """
 
-    def __init__(self, path: Path, *, clock: Callable[[], datetime] | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        clock: Callable[[], datetime] | None = None,
+        events: EventTable = EVENTS,
+    ) -> None:
         self.path = path
+        self._events = events
         self._lock_path = path.with_name(path.name + ".lock")
         self._clock = clock or _utc_now
         self._thread_lock = threading.Lock()
@@ -152,7 +81,8 @@ class AuditLog:
     ) -> AuditRecord:
         """Write one record, fsync it, and only then return it.
 
-        Raises ValueError for a malformed field (our own code wrote it: a programming error),
+        Raises ValueError for a malformed field or an undeclared (kind, event) pair (our own
+        code wrote it: a programming error),
         AuditIntegrityError if the last record on disk is truncated or corrupt (a broken chain
         is never extended), StateError if the file cannot be written.
         """
@@ -161,6 +91,7 @@ class AuditLog:
         for name, optional in (("subject", subject), ("run_id", run_id)):
             if optional is not None:
                 _check_token(name, optional)
+        self._events.check(kind, event)
         canonical_details = _canonical_details(details)
         try:
             created_dirs = _make_parent_dirs(self.path.parent)
@@ -208,9 +139,9 @@ class AuditLog:
         try:
             tail = self._current_tail(fd)
             ts = self._now()
-            body = _serialise_body(
+            body = serialise_body(
                 seq=tail.seq + 1,
-                ts=_format_ts(ts),
+                ts=format_ts(ts),
                 kind=kind,
                 event=event,
                 outcome=outcome,
@@ -220,7 +151,7 @@ class AuditLog:
                 prev=tail.hash,
             )
             digest = hashlib.sha256(body).hexdigest()
-            self._write_durably(fd, _with_hash(body, digest) + b"\n", tail.seq + 1)
+            self._write_durably(fd, with_hash(body, digest) + b"\n", tail.seq + 1)
             self._tail = _Tail(identity=_identity(os.fstat(fd)), seq=tail.seq + 1, hash=digest)
         finally:
             os.close(fd)
@@ -261,7 +192,7 @@ class AuditLog:
                 # Take the partial line back rather than leave a truncated record behind.
                 os.ftruncate(fd, size_before)
                 raise OSError(0, f"short write ({written} of {len(line)} bytes)")
-            _fsync_file(fd)
+            fsync(fd)
         except OSError as exc:
             # After a failed fsync the line may or may not reach the disk; the chain stays
             # intact either way, and the caller must treat the event as not recorded.
@@ -287,7 +218,7 @@ class AuditLog:
                 raise AuditIntegrityError(
                     f"Cannot read {self.path}: line {line_no} is truncated", line_no=line_no
                 )
-            parsed = _parse_line(raw[:-1])
+            parsed = parse_line(raw[:-1])
             if isinstance(parsed, str):
                 raise AuditIntegrityError(
                     f"Cannot read {self.path}: line {line_no} {parsed}", line_no=line_no
@@ -300,14 +231,7 @@ class AuditLog:
 
     def verify(self) -> VerifyReport:
         """Check the whole chain and name the first problem; never raises for a bad chain."""
-        checker = _ChainChecker()
-        for line_no, raw in self._lines():
-            finding = checker.feed(line_no, raw)
-            if finding is not None:
-                if finding.fault is Fault.MISSING:
-                    finding = _tell_missing_from_reordered(finding, self._lines())
-                return finding.report(checker.count)
-        return VerifyReport(ok=True, count=checker.count)
+        return verify_lines(self._lines)
 
     def _lines(self) -> Iterator[tuple[int, bytes]]:
         """Numbered lines, as far as the file reached when no writer was mid-append.
@@ -329,223 +253,6 @@ class AuditLog:
                     return
                 offset += len(line)
                 yield line_no, line
-
-
-# -- the chain check ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Finding:
-    fault: Fault
-    line_no: int
-    seq: int | None
-    problem: str
-    # For a seq gap: the first seq we expected, so the rest of the file can be searched for it.
-    expected_seq: int | None = None
-    found_seq: int | None = None
-
-    def report(self, count: int) -> VerifyReport:
-        return VerifyReport(
-            ok=False,
-            count=count,
-            first_bad_seq=self.seq,
-            line_no=self.line_no,
-            problem=self.problem,
-            fault=self.fault,
-        )
-
-
-class _ChainChecker:
-    """Feeds on lines in order; returns the first finding. ``count`` = records verified."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._last_seq = 0
-        self._last_hash = GENESIS_HASH
-
-    def feed(self, line_no: int, raw: bytes) -> _Finding | None:
-        expected = self._last_seq + 1
-        if not raw.endswith(b"\n"):
-            return _Finding(
-                Fault.TRUNCATED,
-                line_no,
-                expected,
-                f"line {line_no} is truncated: record {expected:04d} was cut off mid-write "
-                "(no end of line)",
-            )
-        line = raw[:-1]
-        fields = _parse_fields(line)
-        if isinstance(fields, str):
-            return _Finding(Fault.UNPARSABLE, line_no, expected, f"line {line_no} {fields}")
-        seq: int = fields["seq"]
-        digest: str = fields["hash"]
-        if hashlib.sha256(_body_of(line)).hexdigest() != digest:
-            return _Finding(
-                Fault.ALTERED,
-                line_no,
-                seq,
-                f"record {seq:04d} was altered: its hash does not match its content "
-                f"(line {line_no})",
-            )
-        if seq != expected:
-            return self._out_of_sequence(line_no, seq, expected)
-        if fields["prev"] != self._last_hash:
-            return _Finding(Fault.REORDERED, line_no, seq, _broken_link_problem(seq, line_no))
-        self.count += 1
-        self._last_seq = seq
-        self._last_hash = digest
-        return None
-
-    def _out_of_sequence(self, line_no: int, seq: int, expected: int) -> _Finding:
-        if seq < expected:
-            return _Finding(
-                Fault.REORDERED,
-                line_no,
-                seq,
-                f"record {seq:04d} is out of order at line {line_no}: "
-                f"it follows {self._last_seq:04d}",
-            )
-        # A gap: records were deleted, or moved further down. The caller looks ahead to decide.
-        return _Finding(
-            Fault.MISSING,
-            line_no,
-            expected,
-            _missing_problem(expected, seq),
-            expected_seq=expected,
-            found_seq=seq,
-        )
-
-
-def _tell_missing_from_reordered(gap: _Finding, lines: Iterator[tuple[int, bytes]]) -> _Finding:
-    """A seq gap is a reordering if the expected record turns up further down the file."""
-    assert gap.expected_seq is not None and gap.found_seq is not None
-    for line_no, raw in lines:
-        if line_no <= gap.line_no:
-            continue
-        fields = _parse_fields(raw.rstrip(b"\n"))
-        if not isinstance(fields, str) and fields["seq"] == gap.expected_seq:
-            return _Finding(
-                Fault.REORDERED,
-                gap.line_no,
-                gap.found_seq,
-                f"record {gap.found_seq:04d} is out of order at line {gap.line_no}: "
-                f"{gap.expected_seq:04d} belongs there and appears later, at line {line_no}",
-            )
-    return gap
-
-
-def _missing_problem(expected: int, found: int) -> str:
-    last = found - 1
-    what = (
-        f"record {expected:04d} is missing"
-        if expected == last
-        else f"records {expected:04d}–{last:04d} are missing"
-    )
-    if expected == 1:
-        return f"{what}: the log starts at {found:04d}"
-    return f"{what}: {expected - 1:04d} is followed by {found:04d}"
-
-
-def _broken_link_problem(seq: int, line_no: int) -> str:
-    if seq == 1:
-        return "record 0001 does not start the chain: its prev is not the genesis hash (line 1)"
-    return (
-        f"record {seq:04d} does not follow {seq - 1:04d} (line {line_no}): its prev is not "
-        f"the hash of {seq - 1:04d}, so records were reordered, spliced or re-hashed"
-    )
-
-
-# -- one line ------------------------------------------------------------------------------
-
-
-def _parse_line(line: bytes) -> AuditRecord | str:
-    """A line (without its newline) as a record, or why it is not one (a phrase).
-
-    Checks the shape only: whether the hash matches the content is the caller's question.
-    """
-    fields = _parse_fields(line)
-    if isinstance(fields, str):
-        return fields
-    return AuditRecord(**fields)
-
-
-def _parse_fields(line: bytes) -> dict[str, Any] | str:
-    """The fields of a line (``ts`` as an aware datetime), or why it is not a record.
-
-    The fast path of ``verify``: one regex match, one C-level JSON decode, a few type checks.
-    """
-    if not line:
-        return "is empty"
-    start = len(line) - _HASH_FIELD_LEN
-    suffix = _HASH_FIELD.fullmatch(line, start) if start > 0 else None
-    if suffix is None:
-        return "is unparsable: it does not end with a hash field"
-    try:
-        text = _body_of(line).decode("ascii")
-        fields, end = _DECODER.raw_decode(text)
-    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for non-ASCII bytes
-        return f"is unparsable: {exc}"
-    if end != len(text) or type(fields) is not dict or tuple(fields) != _FIELDS:
-        return "is unparsable: its fields are not " + ", ".join(_FIELDS) + ", hash"
-    problem = _field_type_problem(fields)
-    if problem:
-        return f"is unparsable: {problem}"
-    try:
-        fields["ts"] = datetime.fromisoformat(fields["ts"])
-    except ValueError:
-        return f"is unparsable: ts is not an ISO-8601 timestamp: {fields['ts']!r}"
-    if fields["ts"].tzinfo is None:
-        return "is unparsable: ts has no UTC offset"
-    fields["hash"] = suffix[1].decode("ascii")
-    return fields
-
-
-def _field_type_problem(body: dict[str, Any]) -> str:
-    seq = body["seq"]
-    if type(seq) is not int or seq < 1:
-        return f"seq is not a positive integer: {seq!r}"
-    for name in ("ts", "kind", "event", "outcome", "prev"):
-        if type(body[name]) is not str:
-            return f"{name} is not a string"
-    for name in ("subject", "run_id"):
-        if body[name] is not None and type(body[name]) is not str:
-            return f"{name} is neither a string nor null"
-    if type(body["details"]) is not dict:
-        return "details is not an object"
-    return ""
-
-
-def _body_of(line: bytes) -> bytes:
-    """The hashed bytes: the line with its trailing hash field cut off and the brace restored."""
-    return line[:-_HASH_FIELD_LEN] + b"}"
-
-
-def _with_hash(body: bytes, digest: str) -> bytes:
-    return body[:-1] + _HASH_PREFIX + digest.encode("ascii") + b'"}'
-
-
-def _serialise_body(
-    *,
-    seq: int,
-    ts: str,
-    kind: str,
-    event: str,
-    outcome: str,
-    subject: str | None,
-    run_id: str | None,
-    details: Mapping[str, Any],
-    prev: str,
-) -> bytes:
-    """The canonical body: fixed key order, sorted details keys, compact, ASCII only."""
-    scalars = zip(_FIELDS[:7], (seq, ts, kind, event, outcome, subject, run_id), strict=True)
-    # json.dumps escapes every non-ASCII character by default (ensure_ascii=True).
-    parts = [f'"{name}":{json.dumps(value)}' for name, value in scalars]
-    details_json = json.dumps(
-        dict(details), ensure_ascii=True, separators=(",", ":"), sort_keys=True, allow_nan=False
-    )
-    parts.append(f'"details":{details_json}')
-    parts.append(f'"prev":{json.dumps(prev)}')
-    return ("{" + ",".join(parts) + "}").encode("ascii")
 
 
 # -- input checks ----------------------------------------------------------------------------
@@ -596,13 +303,13 @@ def _read_tail(fd: int, size: int, path: Path) -> tuple[int, str]:
             "(the file does not end with a newline); run 'bothy audit verify'"
         )
     line = _last_line(fd, size)
-    parsed = _parse_line(line)
+    parsed = parse_line(line)
     if isinstance(parsed, str):
         raise AuditIntegrityError(
             f"Refusing to append to audit log {path}: its last line {parsed}; "
             "run 'bothy audit verify'"
         )
-    if hashlib.sha256(_body_of(line)).hexdigest() != parsed.hash:
+    if hashlib.sha256(body_of(line)).hexdigest() != parsed.hash:
         raise AuditIntegrityError(
             f"Refusing to append to audit log {path}: its last record {parsed.seq:04d} was "
             "altered (its hash does not match its content); run 'bothy audit verify'",
@@ -687,30 +394,10 @@ def _make_parent_dirs(directory: Path) -> list[Path]:
     return created
 
 
-def _fsync_file(fd: int) -> None:
-    if sys.platform == "darwin":
-        # macOS fsync() leaves data in the drive's cache; F_FULLFSYNC asks the drive to flush.
-        # Some filesystems (network, FAT) refuse it, and then fsync is the best there is.
-        try:
-            fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
-            return
-        except OSError:
-            pass
-    os.fsync(fd)
-
-
 def _fsync_new_entries(path: Path, created_dirs: list[Path]) -> None:
     """Make new names durable: fsync of a file does not persist its directory entry."""
     for directory in {path.parent, *(d.parent for d in created_dirs)}:
-        fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _format_ts(ts: datetime) -> str:
-    return ts.astimezone(UTC).isoformat(timespec="microseconds")
+        fsync_directory(directory)
 
 
 def _utc_now() -> datetime:

@@ -1,0 +1,188 @@
+"""One record of the register and its line on disk: the canonical form the hash covers.
+
+File format: JSON Lines, one record per line, ASCII only, no insignificant whitespace::
+
+    {"seq":1,"ts":"2026-09-24T10:14:02.118734+00:00","kind":"wake","event":"received",
+     "outcome":"ok","subject":"pr:42","run_id":null,"details":{},"prev":"000…000",
+     "hash":"<64 hex>"}
+
+(one line on disk). Canonical form: the *body* is the record without ``hash``, serialised with
+the top-level keys in the order above, keys inside ``details`` sorted, ``separators=(",", ":")``
+and ``ensure_ascii=True``. ``hash`` is the sha256 hex digest of the body's bytes, and the line
+on disk is the body with ``,"hash":"<digest>"`` spliced in before its closing brace. So a
+verifier recovers the exact hashed bytes by cutting the fixed-width 75-byte hash field off the
+end of the line and putting the ``}`` back: it never re-serialises, which keeps verification
+fast and independent of how any JSON library formats floats or orders keys. Re-serialising
+with the rules above gives the same bytes, so other tools can verify the chain too.
+
+Why the hash covers ``prev``: each record's digest then commits to the digest before it, and
+so, transitively, to every earlier record. Editing, deleting, inserting or reordering any
+record breaks every link after it unless the rest of the chain is rewritten too; a record
+can't be silently dropped or moved, only the whole tail re-forged (which an anchored copy of
+a recent hash, e.g. in a chat alert, would expose).
+
+:class:`~bothy.engine.audit.AuditLog` writes these lines, :mod:`bothy.engine.auditchain`
+verifies them, :mod:`bothy.engine.auditformat` renders them for people.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = [
+    "FIELDS",
+    "GENESIS_HASH",
+    "AuditRecord",
+    "body_of",
+    "format_ts",
+    "parse_fields",
+    "parse_line",
+    "serialise_body",
+    "with_hash",
+]
+
+GENESIS_HASH = "0" * 64
+"""The ``prev`` of record 1: there is no record before it."""
+
+FIELDS = ("seq", "ts", "kind", "event", "outcome", "subject", "run_id", "details", "prev")
+"""The top-level keys of a record's body, in their order on disk (``hash`` follows them)."""
+_HASH_PREFIX = b',"hash":"'
+_HASH_FIELD_LEN = len(_HASH_PREFIX) + 64 + len(b'"}')  # 75 bytes at the end of every line
+_HASH_FIELD = re.compile(rb',"hash":"([0-9a-f]{64})"\}')
+_DECODER = json.JSONDecoder()
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One entry of the register, as written to disk (``hash`` covers everything else)."""
+
+    seq: int
+    ts: datetime
+    kind: str
+    event: str
+    outcome: str
+    subject: str | None
+    run_id: str | None
+    details: Mapping[str, Any] = field(hash=False)
+    prev: str
+    hash: str
+
+    def human_line(self) -> str:
+        """The greppable one-line form of SPEC §2 (see :mod:`bothy.engine.auditformat`)."""
+        from bothy.engine.auditformat import human_line  # the human form has its own module
+
+        return human_line(self)
+
+    def to_json(self) -> str:
+        """The record as one line of canonical JSON, hash included (``bothy audit --json``)."""
+        body = serialise_body(
+            seq=self.seq,
+            ts=format_ts(self.ts),
+            kind=self.kind,
+            event=self.event,
+            outcome=self.outcome,
+            subject=self.subject,
+            run_id=self.run_id,
+            details=self.details,
+            prev=self.prev,
+        )
+        return with_hash(body, self.hash).decode("ascii")
+
+
+def parse_line(line: bytes) -> AuditRecord | str:
+    """A line (without its newline) as a record, or why it is not one (a phrase).
+
+    Checks the shape only: whether the hash matches the content is the caller's question.
+    """
+    fields = parse_fields(line)
+    if isinstance(fields, str):
+        return fields
+    return AuditRecord(**fields)
+
+
+def parse_fields(line: bytes) -> dict[str, Any] | str:
+    """The fields of a line (``ts`` as an aware datetime), or why it is not a record.
+
+    The fast path of ``verify``: one regex match, one C-level JSON decode, a few type checks.
+    """
+    if not line:
+        return "is empty"
+    start = len(line) - _HASH_FIELD_LEN
+    suffix = _HASH_FIELD.fullmatch(line, start) if start > 0 else None
+    if suffix is None:
+        return "is unparsable: it does not end with a hash field"
+    try:
+        text = body_of(line).decode("ascii")
+        fields, end = _DECODER.raw_decode(text)
+    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for non-ASCII bytes
+        return f"is unparsable: {exc}"
+    if end != len(text) or type(fields) is not dict or tuple(fields) != FIELDS:
+        return "is unparsable: its fields are not " + ", ".join(FIELDS) + ", hash"
+    problem = _field_type_problem(fields)
+    if problem:
+        return f"is unparsable: {problem}"
+    try:
+        fields["ts"] = datetime.fromisoformat(fields["ts"])
+    except ValueError:
+        return f"is unparsable: ts is not an ISO-8601 timestamp: {fields['ts']!r}"
+    if fields["ts"].tzinfo is None:
+        return "is unparsable: ts has no UTC offset"
+    fields["hash"] = suffix[1].decode("ascii")
+    return fields
+
+
+def _field_type_problem(body: dict[str, Any]) -> str:
+    seq = body["seq"]
+    if type(seq) is not int or seq < 1:
+        return f"seq is not a positive integer: {seq!r}"
+    for name in ("ts", "kind", "event", "outcome", "prev"):
+        if type(body[name]) is not str:
+            return f"{name} is not a string"
+    for name in ("subject", "run_id"):
+        if body[name] is not None and type(body[name]) is not str:
+            return f"{name} is neither a string nor null"
+    if type(body["details"]) is not dict:
+        return "details is not an object"
+    return ""
+
+
+def body_of(line: bytes) -> bytes:
+    """The hashed bytes: the line with its trailing hash field cut off and the brace restored."""
+    return line[:-_HASH_FIELD_LEN] + b"}"
+
+
+def with_hash(body: bytes, digest: str) -> bytes:
+    return body[:-1] + _HASH_PREFIX + digest.encode("ascii") + b'"}'
+
+
+def serialise_body(
+    *,
+    seq: int,
+    ts: str,
+    kind: str,
+    event: str,
+    outcome: str,
+    subject: str | None,
+    run_id: str | None,
+    details: Mapping[str, Any],
+    prev: str,
+) -> bytes:
+    """The canonical body: fixed key order, sorted details keys, compact, ASCII only."""
+    scalars = zip(FIELDS[:7], (seq, ts, kind, event, outcome, subject, run_id), strict=True)
+    # json.dumps escapes every non-ASCII character by default (ensure_ascii=True).
+    parts = [f'"{name}":{json.dumps(value)}' for name, value in scalars]
+    details_json = json.dumps(
+        dict(details), ensure_ascii=True, separators=(",", ":"), sort_keys=True, allow_nan=False
+    )
+    parts.append(f'"details":{details_json}')
+    parts.append(f'"prev":{json.dumps(prev)}')
+    return ("{" + ",".join(parts) + "}").encode("ascii")
+
+
+def format_ts(ts: datetime) -> str:
+    return ts.astimezone(UTC).isoformat(timespec="microseconds")
