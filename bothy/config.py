@@ -499,6 +499,8 @@ class Config(_Section):
                                  f" defined in profiles (defined: {defined})")
         return pollers
 
+    # The rules that span sections, one validator each, run in this order.
+
     @model_validator(mode="after")
     def _wall_clock_within_expiry(self) -> Config:
         if self.limits.wall_clock_s >= self.budget.reservation_expiry_s:
@@ -507,6 +509,11 @@ class Config(_Section):
                 f"budget.reservation_expiry_s ({self.budget.reservation_expiry_s}), or a live "
                 "run's reservation could expire under it"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _webhook_routes_agree(self) -> Config:
+        """Paths unique, public routes with a public port, job profiles defined."""
         paths: dict[str, str] = {}
         for name, route in self.webhooks.items():
             if route.path in paths:
@@ -519,10 +526,18 @@ class Config(_Section):
                 if job.profile is not None and job.profile not in self.profiles:
                     raise ValueError(f"webhooks.{name}: job profile {job.profile!r} is not"
                                      " defined in profiles")
+        return self
+
+    @model_validator(mode="after")
+    def _chat_profiles_defined(self) -> Config:
         for platform, section in (("slack", self.chat.slack), ("discord", self.chat.discord)):
             if section is not None and section.profile not in (None, *self.profiles):
                 raise ValueError(f"chat.{platform}.profile {section.profile!r} is not defined"
                                  " in profiles")
+        return self
+
+    @model_validator(mode="after")
+    def _held_questions_within_expiry(self) -> Config:
         for name, profile in self.profiles.items():
             held = self.limits.wall_clock_s + profile.question_hold_seconds
             if held >= self.budget.reservation_expiry_s:

@@ -105,7 +105,7 @@ async def cmd_checklist(args: argparse.Namespace) -> int:
 
 
 async def cmd_profile(args: argparse.Namespace) -> int:
-    from bothy.profiles import describe_profile, profile_lines
+    from bothy.commands.profile_text import describe_profile, profile_lines
 
     _, cfg = load()
     if args.action == "list":

@@ -1,4 +1,4 @@
-"""How ``bothy profile list|show`` describes what a profile grants, resolved."""
+"""The text of ``bothy profile list|show``: what each profile grants, resolved, for a person."""
 
 from __future__ import annotations
 
