@@ -269,6 +269,31 @@ async def test_messages_are_handed_over_one_at_a_time_in_arrival_order(
         await adapter.stop()
 
 
+async def test_a_message_on_message_could_not_take_is_reported_lost(fake: FakeDiscord) -> None:
+    """Discord will not send it again, so the adapter hands it and the reason to on_lost."""
+    lost: list[tuple[ChatMessage, str]] = []
+    reported = asyncio.Event()
+
+    async def fails(message: ChatMessage) -> None:
+        raise OSError(28, "No space left on device")
+
+    async def on_lost(message: ChatMessage, reason: str) -> None:
+        lost.append((message, reason))
+        reported.set()
+
+    adapter = make_adapter(fake)
+    await adapter.start(fails, on_lost=on_lost)
+    try:
+        await fake.send_mention(ALICE_ID, CHANNEL_ID, "are you there?")
+        async with asyncio.timeout(5):
+            await reported.wait()
+        [(message, reason)] = lost
+        assert message.text == "are you there?" and message.user == str(ALICE_ID)
+        assert reason == "OSError: [Errno 28] No space left on device"
+    finally:
+        await adapter.stop()
+
+
 async def test_a_failing_on_message_does_not_break_the_connection(fake: FakeDiscord) -> None:
     """on_message raising for one message is logged; the next message still arrives."""
     inbox = Inbox()

@@ -39,6 +39,9 @@ class ChatMessage:
 
 
 OnMessage = Callable[[ChatMessage], Awaitable[None]]
+OnLost = Callable[[ChatMessage, str], Awaitable[None]]
+"""Told of a message taken off the platform that ``on_message`` could not take (the reason),
+when the platform will not deliver it again: it is lost, and somebody should know."""
 
 
 class ChatAdapter(Protocol):
@@ -46,9 +49,11 @@ class ChatAdapter(Protocol):
 
     platform: str
 
-    async def start(self, on_message: OnMessage) -> None:
+    async def start(self, on_message: OnMessage, *, on_lost: OnLost | None = None) -> None:
         """Connect and return once ready. Raise ChatAuthError for a token the platform
-        refuses (a configuration error) and ChatUnavailable when it cannot be reached."""
+        refuses (a configuration error) and ChatUnavailable when it cannot be reached.
+        ``on_lost`` hears of each message that ``on_message`` failed and the platform will
+        not redeliver (Discord; Slack redelivers an envelope that was not acknowledged)."""
 
     async def stop(self) -> None:
         """Close the connection; idempotent."""

@@ -23,10 +23,11 @@ Discord has no acknowledgement and no redelivery: discord.py has taken an event 
 (and advanced the sequence number a RESUME would replay from) before its handler runs. The
 adapter awaits ``on_message`` for each message, one at a time in arrival order, and
 :meth:`stop` lets the calls in flight finish (within ``stop_grace_s``) after closing the
-gateway. A message whose ``on_message`` raises is logged and lost, as is one Discord sends
-while the session cannot be resumed (op 9 ``d: false``). Reconnecting and resuming are
-discord.py's: a dropped socket, a resumable close code, op 7 or op 9 ``d: true`` lead to a
-RESUME on READY's ``resume_gateway_url``, and Discord replays what was missed.
+gateway. A message whose ``on_message`` raises cannot be had again: it is logged and handed
+to ``on_lost`` (which audits and alerts), so its loss is heard. One Discord sends while the
+session cannot be resumed (op 9 ``d: false``) never reaches Bothy at all. Reconnecting and
+resuming are discord.py's: a dropped socket, a resumable close code, op 7 or op 9 ``d: true``
+lead to a RESUME on READY's ``resume_gateway_url``, and Discord replays what was missed.
 
 Outgoing messages are split with :func:`split_text` at :data:`DISCORD_MAX_CHARS` and each
 piece carries a fresh ``nonce`` with ``enforce_nonce`` (discord.py sends both): when discord.py
@@ -54,7 +55,7 @@ from typing import Literal
 
 import aiohttp
 
-from bothy.chat.base import DISCORD_MAX_CHARS, ChatMessage, OnMessage, split_text
+from bothy.chat.base import DISCORD_MAX_CHARS, ChatMessage, OnLost, OnMessage, split_text
 from bothy.config import DiscordConfig
 from bothy.errors import ChatAuthError, ChatError, ChatUnavailable
 
@@ -125,6 +126,7 @@ class DiscordAdapter:
         self._ready: asyncio.Future[None] | None = None
         self._failure: ChatError | None = None
         self._on_message: OnMessage | None = None
+        self._on_lost: OnLost | None = None
         self._me = 0
         self._mention: re.Pattern[str] | None = None
         self._threads: set[int] = set()  # threads this process started or was mentioned in
@@ -139,7 +141,7 @@ class DiscordAdapter:
         """The bot's own user id, known once started ("" before)."""
         return str(self._me) if self._me else ""
 
-    async def start(self, on_message: OnMessage) -> None:
+    async def start(self, on_message: OnMessage, *, on_lost: OnLost | None = None) -> None:
         """Log in, connect the gateway, return once Discord says READY.
 
         Raises ChatAuthError for a missing or refused token or a refused privileged intent,
@@ -150,7 +152,7 @@ class DiscordAdapter:
         self._state = "starting"
         try:
             async with asyncio.timeout(self._ready_timeout_s):
-                await self._start(on_message)
+                await self._start(on_message, on_lost)
         except BaseException as exc:
             await self._shutdown()
             self._state = "stopped"
@@ -187,9 +189,10 @@ class DiscordAdapter:
         if self._failure is not None:
             raise self._failure
 
-    async def _start(self, on_message: OnMessage) -> None:
+    async def _start(self, on_message: OnMessage, on_lost: OnLost | None) -> None:
         token = self._token()
         self._on_message = on_message
+        self._on_lost = on_lost
         self._ready = asyncio.get_running_loop().create_future()
         self._client = client = _Gateway(
             intents=discord.Intents(guilds=True, guild_messages=True,
@@ -276,17 +279,29 @@ class DiscordAdapter:
         task = asyncio.current_task()
         if task is not None:
             self._handlers.add(task)
+        chat = None
         try:
             chat = self._chat_message(message)
             if chat is None or self._on_message is None:
                 return
             async with self._in_order:
                 await self._on_message(chat)
-        except Exception:  # the router's failure must not end the connection
+        except Exception as exc:  # the router's failure must not end the connection
             _log.exception("Discord: on_message failed for message %s", message.id)
+            if chat is not None:
+                # Discord will not send it again (the gateway has moved past it): say so.
+                await self._report_lost(chat, f"{type(exc).__name__}: {exc}")
         finally:
             if task is not None:
                 self._handlers.discard(task)
+
+    async def _report_lost(self, chat: ChatMessage, reason: str) -> None:
+        if self._on_lost is None:
+            return
+        try:
+            await self._on_lost(chat, reason)
+        except Exception:  # nothing is left to report it to but the log
+            _log.exception("Discord: could not report the loss of message %s", chat.message_id)
 
     def _chat_message(self, message: discord.Message) -> ChatMessage | None:
         """The message as Bothy sees it, or None when it is not for Bothy."""

@@ -52,7 +52,14 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bothy.chat.base import SLACK_MAX_CHARS, ChatAdapter, ChatMessage, OnMessage, split_text
+from bothy.chat.base import (
+    SLACK_MAX_CHARS,
+    ChatAdapter,
+    ChatMessage,
+    OnLost,
+    OnMessage,
+    split_text,
+)
 from bothy.config import SlackConfig
 from bothy.errors import ChatAuthError, ChatError, ChatUnavailable
 
@@ -132,11 +139,13 @@ class SlackAdapter:
         """The bot's own user id (``U…``), known once started."""
         return self._bot_user_id
 
-    async def start(self, on_message: OnMessage) -> None:
+    async def start(self, on_message: OnMessage, *, on_lost: OnLost | None = None) -> None:
         """Check both tokens, connect the socket, return once it is open.
 
         Raises ChatAuthError for a token that is missing or refused, ChatUnavailable when Slack
-        cannot be reached (or the socket is not open within ``connect_timeout_s``).
+        cannot be reached (or the socket is not open within ``connect_timeout_s``). ``on_lost``
+        is never called: an envelope whose ``on_message`` failed is not acked, and Slack sends
+        it again.
         """
         if self._state != "new":
             raise RuntimeError(f"SlackAdapter.start() called when {self._state}")
