@@ -43,7 +43,8 @@ from bothy.wakes.dispatcher import Dispatcher
 from bothy.wakes.handlers import unattended
 from bothy.wakes.inbox import Inbox
 from bothy.wakes.poller import Poller
-from bothy.wakes.schedules import ScheduleRunner, ScheduleStore
+from bothy.wakes.schedule_runner import ScheduleRunner
+from bothy.wakes.schedules import ScheduleStore
 from bothy.wakes.webhook import WebhookListener
 
 _LISTEN_HOST = "127.0.0.1"  # Tailscale (serve / funnel) carries outside traffic to loopback

@@ -47,10 +47,10 @@ from bothy.wakes.inbox import (
     encode_payload_file,
     payload_name,
 )
+from bothy.wakes.schedule_runner import ScheduleRunner
 from bothy.wakes.schedules import (
     HEARTBEAT_INSTRUCTION,
     Schedule,
-    ScheduleRunner,
     ScheduleStore,
     Unrunnable,
     cron_trigger,
