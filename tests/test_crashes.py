@@ -115,6 +115,7 @@ async def test_sigkilled_bothy_run_is_recovered_by_the_next_bothy_run(
         await _assert_held_until_expiry(site, shell, crashed_id)
 
 
+@pytest.mark.codex
 async def test_worker_that_outlives_its_bothy_is_ended_by_doctor(tmp_path: Path) -> None:
     """A worker group that outlives its SIGKILLed `bothy run` is ended and audited by `doctor`."""
     log = tmp_path / "worker.log"
@@ -169,6 +170,7 @@ async def test_app_server_killed_mid_turn_fails_the_run_at_once(
     assert events[-3:] == ["worker stopped ok", "budget settled ok", "run finished failed"]
 
 
+@pytest.mark.codex
 async def test_app_server_exiting_while_a_child_holds_its_output_fails_the_run(
     tmp_path: Path,
 ) -> None:
@@ -196,6 +198,7 @@ async def test_app_server_exiting_while_a_child_holds_its_output_fails_the_run(
         ("unknown-id", f"a response to a request we never sent (id {UNKNOWN_ID})"),
     ],
 )
+@pytest.mark.codex
 async def test_broken_frame_mid_turn_fails_the_run_and_reaps_the_group(
     tmp_path: Path, mode: str, problem: str
 ) -> None:

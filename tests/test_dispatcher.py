@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from bothy.chat.conversation import SOURCE as CHAT_SOURCE
 from bothy.chat.conversation import Conversations
 from bothy.config import parse_config
@@ -18,6 +20,7 @@ from tests.fakes.codex import codex_binary
 from tests.fakes.shell import until
 
 
+@pytest.mark.codex
 async def test_a_wake_that_cannot_be_handled_is_abandoned_audited_and_raised(
     tmp_path: Path,
 ) -> None:

@@ -90,6 +90,7 @@ async def test_doctor_json_gives_the_same_checks(tmp_path: Path) -> None:
                                    "detail": "0 records verified"}
 
 
+@pytest.mark.codex
 async def test_doctor_with_an_invalid_config_still_prints_the_eight(tmp_path: Path) -> None:
     """An invalid config: the eight still print, those needing the config fail naming it; 78."""
     site = Site(tmp_path, "http://127.0.0.1:9/v1")
@@ -112,6 +113,7 @@ async def test_doctor_with_an_invalid_config_still_prints_the_eight(tmp_path: Pa
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.codex
 async def test_doctor_with_an_unwritable_state_directory_still_prints_the_eight(
     tmp_path: Path,
 ) -> None:

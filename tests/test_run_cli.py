@@ -463,6 +463,7 @@ async def test_a_secret_inline_in_codex_config_is_refused_naming_its_key(
          " a limit, not loosen it"),
     ],
 )
+@pytest.mark.codex
 async def test_bad_run_arguments_are_usage_errors(
     tmp_path: Path, args: list[str], message: str
 ) -> None:
@@ -477,6 +478,7 @@ async def test_bad_run_arguments_are_usage_errors(
     assert not site.audit_path.exists() or site.audit_lines() == []
 
 
+@pytest.mark.codex
 async def test_cancelling_an_unknown_run_is_a_usage_error(tmp_path: Path) -> None:
     """`bothy cancel` of a run this site never saw exits 64, naming the run."""
     site = Site(tmp_path, "http://127.0.0.1:9/v1")
@@ -490,6 +492,7 @@ async def test_cancelling_an_unknown_run_is_a_usage_error(tmp_path: Path) -> Non
 # --- codex missing --------------------------------------------------------------------
 
 
+@pytest.mark.codex
 async def test_a_missing_codex_is_a_configuration_error(tmp_path: Path) -> None:
     """codex.command naming no file: `bothy run` exits 78 naming it; nothing is admitted."""
     site = Site(tmp_path, "http://127.0.0.1:9/v1",
@@ -503,6 +506,7 @@ async def test_a_missing_codex_is_a_configuration_error(tmp_path: Path) -> None:
     assert not site.audit_path.exists() or site.audit_lines() == []
 
 
+@pytest.mark.codex
 async def test_doctor_fails_the_codex_check_when_codex_is_missing(tmp_path: Path) -> None:
     """`bothy doctor` with a missing codex fails its `codex present` line and exits 1."""
     site = Site(tmp_path, "http://127.0.0.1:9/v1",
@@ -518,6 +522,7 @@ async def test_doctor_fails_the_codex_check_when_codex_is_missing(tmp_path: Path
     assert re.search(r"^\d+ passed, \d+ warned, [1-9]\d* failed$", done.stdout, re.MULTILINE)
 
 
+@pytest.mark.codex
 async def test_a_codex_that_is_not_executable_is_a_configuration_error(tmp_path: Path) -> None:
     """A codex file without the execute bit: `bothy run` exits 78, doctor fails the check."""
     fake = tmp_path / "codex"

@@ -393,6 +393,7 @@ async def _bothy_with_stdin(site: Site, data: bytes, *args: str) -> Completed:
     return Completed(process.returncode, stdout.decode(), stderr.decode())
 
 
+@pytest.mark.codex
 async def test_schedule_add_list_rm_through_the_cli(tmp_path: Path) -> None:
     """add prints the next fire in the budget zone; list and status show it; rm removes it."""
     site = _site(tmp_path, budget={"timezone": "Europe/Paris"})
@@ -464,6 +465,7 @@ async def test_schedule_add_list_rm_through_the_cli(tmp_path: Path) -> None:
     (["sop", "set", "a", "--file", "/nonexistent/sop.md"],
      "bothy: --file /nonexistent/sop.md cannot be read: No such file or directory"),
 ])
+@pytest.mark.codex
 async def test_bad_input_exits_64_saying_what_to_do(
     tmp_path: Path, args: list[str], message: str
 ) -> None:
@@ -477,6 +479,7 @@ async def test_bad_input_exits_64_saying_what_to_do(
     assert done.stdout == ""
 
 
+@pytest.mark.codex
 async def test_a_name_already_scheduled_is_refused_with_the_way_to_replace_it(
     tmp_path: Path,
 ) -> None:
@@ -491,6 +494,7 @@ async def test_a_name_already_scheduled_is_refused_with_the_way_to_replace_it(
                                           " it first (bothy schedule rm hb) to replace it\n")
 
 
+@pytest.mark.codex
 async def test_sop_set_show_list_through_the_cli(tmp_path: Path) -> None:
     """An SOP set from a file or stdin is kept 0600, shown byte for byte, listed by title."""
     site = _site(tmp_path)
@@ -516,6 +520,7 @@ async def test_sop_set_show_list_through_the_cli(tmp_path: Path) -> None:
                                                               ("sop:disks", 17)]
 
 
+@pytest.mark.codex
 async def test_an_sop_over_the_size_cap_is_refused_and_nothing_is_written(
     tmp_path: Path,
 ) -> None:
@@ -607,6 +612,7 @@ async def _spend_the_day(site: Site) -> None:
         await gate.settle(ticket.run_id, outcome="completed", reason=None, final_text="")
 
 
+@pytest.mark.codex
 async def test_a_heartbeat_at_the_budget_ceiling_is_refused_and_audited(tmp_path: Path) -> None:
     """With the day's 25.00 spent, a heartbeat run now is refused at the budget gate (exit 3)."""
     site = _site(tmp_path)
@@ -722,6 +728,7 @@ async def test_a_fire_missed_while_serve_was_down_runs_once_when_it_starts(
     assert from_us(last) == slot
 
 
+@pytest.mark.codex
 async def test_a_heartbeat_refused_at_the_ceiling_in_serve_is_abandoned_with_an_alert(
     tmp_path: Path,
 ) -> None:

@@ -417,6 +417,7 @@ async def test_a_webhook_job_asking_more_than_per_run_usd_reserves_per_run_usd(
     assert code == 0
 
 
+@pytest.mark.codex
 async def test_an_author_association_not_allowed_is_answered_200_and_ignored(
     server: ModelServer, tmp_path: Path
 ) -> None:
@@ -479,6 +480,7 @@ async def test_a_webhook_run_is_untrusted_its_writes_refused_and_its_questions_d
 # --- start-up failures ------------------------------------------------------------------------
 
 
+@pytest.mark.codex
 async def test_a_route_whose_secret_is_unset_stops_serve_with_exit_78(
     server: ModelServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -494,6 +496,7 @@ async def test_a_route_whose_secret_is_unset_stops_serve_with_exit_78(
     assert not accepting(site.config["listen"]["tailnet_port"])
 
 
+@pytest.mark.codex
 async def test_a_second_serve_exits_75_naming_the_lock(
     server: ModelServer, tmp_path: Path
 ) -> None:
@@ -512,6 +515,7 @@ async def test_a_second_serve_exits_75_naming_the_lock(
     assert still_serving and code == 0
 
 
+@pytest.mark.codex
 async def test_a_taken_tailnet_port_exits_75_naming_host_and_port(
     server: ModelServer, tmp_path: Path
 ) -> None:
@@ -529,6 +533,7 @@ async def test_a_taken_tailnet_port_exits_75_naming_host_and_port(
     assert records(site, "serve", "ready") == []
 
 
+@pytest.mark.codex
 async def test_an_invalid_config_exits_78_naming_the_key(
     server: ModelServer, tmp_path: Path
 ) -> None:

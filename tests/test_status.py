@@ -17,6 +17,7 @@ from tests.test_serve import SECRET, queued, records, serve_site, start_serve
 MINUTE_ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d[+-]\d\d:\d\d"
 
 
+@pytest.mark.codex
 async def test_status_revalidates_an_edited_config(tmp_path: Path) -> None:
     """Status reads kept figures only while config.json is unchanged; an edit is validated."""
     site = Site(tmp_path, "http://127.0.0.1:9/v1")
@@ -38,6 +39,7 @@ async def test_status_revalidates_an_edited_config(tmp_path: Path) -> None:
     assert "pool.max_workers" in broken.stderr
 
 
+@pytest.mark.codex
 async def test_status_json_reports_the_day(tmp_path: Path) -> None:
     """`bothy status --json` gives the site, the day's figures, and says no daemon is running."""
     site = Site(tmp_path, "http://127.0.0.1:9/v1")
