@@ -17,6 +17,8 @@ from bothy.engine.contract import READS
 from tests.codex_schema import CodexSchema
 from tests.fakes.codex import REPO_ROOT
 
+pytestmark = pytest.mark.codex  # every test here runs or names the pinned codex binary
+
 
 def _write(path: Path, *records: dict[str, object]) -> Path:
     path.write_text("".join(json.dumps(record) + "\n" for record in records))

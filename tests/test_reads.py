@@ -16,6 +16,8 @@ import pytest
 from tests.fakes.codex import codex_binary
 from tests.fakes.site import Completed, Site
 
+pytestmark = pytest.mark.codex  # every test here runs or names the pinned codex binary
+
 NO_MODEL = "http://127.0.0.1:9/v1"
 MINUTE_ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d[+-]\d\d:\d\d"
 
