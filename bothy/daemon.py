@@ -197,11 +197,12 @@ class Daemon:
                                       clock=rt.clock)
         router = ChatRouter(self._cfg.chat, conversations, inbox=inbox,
                             board=QuestionBoard(rt.db, clock=rt.clock), db=rt.db,
-                            audit=rt.audit, on_accepted=dispatcher.poke)
+                            audit=rt.audit, alerts=rt.alerts, on_accepted=dispatcher.poke)
         try:
             # Connected side by side: discord.py alone waits out its guild-ready delay.
             started = await asyncio.gather(
-                *(adapter.start(router.on_message) for adapter in adapters.values()),
+                *(adapter.start(router.on_message, on_lost=router.on_lost)
+                  for adapter in adapters.values()),
                 return_exceptions=True,
             )
             for name, outcome in zip(adapters, started, strict=True):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,6 +189,28 @@ async def test_a_refused_reaction_costs_neither_the_thread_nor_the_answer(
     assert _posts_in(discord, mention) == ["Still answered."]
     failed = audit_records(site, lambda r: (r.kind, r.event) == ("chat", "react-failed"))
     assert len(failed) == 1 and "403" in str(failed[0].details["reason"])
+
+
+async def test_a_mention_that_cannot_be_recorded_is_audited_lost_and_alerted(
+    tmp_path: Path, server: ModelServer, discord: FakeDiscord
+) -> None:
+    """Discord will not resend a mention the inbox could not take: `chat lost` is audited and
+    an alert in the alert channel says whose message to ask for again; nothing runs."""
+    site = _site(tmp_path, server)
+    async with serving(site, discord) as daemon:
+        inbox = BothyHome(site.home).inbox_dir
+        shutil.rmtree(inbox, ignore_errors=True)
+        inbox.write_text("not a directory")  # the inbox refuses every wake from now on
+        mention = await discord.send_mention(OPERATOR, CHANNEL_ID, "are you there?")
+        await _until(discord, lambda: _posts_in(discord, ALERT_CHANNEL_ID), "an alert")
+        await until(lambda: _records(site, "alert", "sent"), "`alert sent` in the audit")
+        await _stopped_cleanly(daemon)
+    [lost] = audit_records(site, lambda r: (r.kind, r.event) == ("chat", "lost"))
+    assert (lost.outcome, lost.subject) == ("failed", f"discord:{mention}")
+    assert lost.details["message"] == mention and "InboxError" in str(lost.details["reason"])
+    [alert] = _posts_in(discord, ALERT_CHANNEL_ID)
+    assert f"a message from discord:{OPERATOR} was lost before it was recorded" in alert
+    assert _records(site, "wake", "received") == [] and server.requests == []
 
 
 async def test_a_stranger_is_refused_politely_and_nothing_runs(

@@ -11,6 +11,9 @@
   a new run in the same lane, told what it answered last.
 - Anyone not on the allowlist is refused politely (a mention) or ignored (a reply); both are
   audited, and a held question stays pending.
+- A message an adapter took off a platform that will not send it again, but that could not be
+  taken here (the inbox is full, say), is lost: :meth:`ChatRouter.on_lost` audits it
+  (``chat lost``) and raises an alert, so somebody hears of it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 from bothy.chat.base import ChatMessage
 from bothy.chat.conversation import Conversations, thread_key
 from bothy.config import ChatConfig
+from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog
 from bothy.engine.questions import Delivered, QuestionBoard
 from bothy.engine.state import StateDB
@@ -46,6 +50,7 @@ class ChatRouter:
         board: QuestionBoard,
         db: StateDB,
         audit: AuditLog,
+        alerts: Alerts,
         on_accepted: Callable[[], None],
     ) -> None:
         self._cfg = cfg
@@ -54,6 +59,7 @@ class ChatRouter:
         self._board = board
         self._db = db
         self._audit = audit
+        self._alerts = alerts
         self._on_accepted = on_accepted
         self._replies: set[asyncio.Task[None]] = set()
 
@@ -76,6 +82,16 @@ class ChatRouter:
             await self._reply(message)
         elif message.mentioned:
             await self._mention(message)
+
+    async def on_lost(self, message: ChatMessage, reason: str) -> None:
+        """Called by an adapter for a message ``on_message`` failed and nobody will resend."""
+        key = thread_key(message.platform, message.channel, message.thread)
+        await self._record("chat", "lost", "failed", message,
+                           {"message": message.message_id, "reason": reason})
+        await self._alerts.raise_alert(
+            f"chat message {message.platform}:{message.message_id}",
+            f"a message from {message.platform}:{message.user} was lost before it was"
+            f" recorded ({reason}); ask them to send it again", subject=key)
 
     async def _mention(self, message: ChatMessage) -> None:
         if not self.allowed(message.platform, message.user):

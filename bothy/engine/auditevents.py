@@ -69,7 +69,7 @@ EVENTS = EventTable({
     "schedule": ("added", "removed", "fired", "missed"),
     "sop": ("saved",),
     # Chat platforms and conversations.
-    "chat": ("refused", "react-failed", "thread-failed", "post-failed"),
+    "chat": ("refused", "react-failed", "thread-failed", "post-failed", "lost"),
     "thread": ("resume-failed",),
 })
 """What Bothy records today (docs/AUDIT.md, "What is recorded today")."""
