@@ -1,0 +1,44 @@
+"""Chat: an adapter per platform (the protocol in ``base.py``), what a message means
+(``router.py``), and a conversation and its runs (``conversation.py``).
+
+The names in ``__all__`` are its surface: what the other packages use, importable from the
+package itself (``from bothy.chat import X``). Each is loaded from its module on first use,
+so importing one module of the package never loads the rest.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_SURFACE = {
+    "ChatAdapter": "bothy.chat.base",
+    "ChatMessage": "bothy.chat.base",
+    "OnLost": "bothy.chat.base",
+    "OnMessage": "bothy.chat.base",
+    "Conversations": "bothy.chat.conversation",
+    "SOURCE": "bothy.chat.conversation",
+    "DiscordAdapter": "bothy.chat.discord",
+    "ChatRouter": "bothy.chat.router",
+    "SlackAdapter": "bothy.chat.slack",
+}
+__all__ = [
+    "SOURCE",
+    "ChatAdapter",
+    "ChatMessage",
+    "ChatRouter",
+    "Conversations",
+    "DiscordAdapter",
+    "OnLost",
+    "OnMessage",
+    "SlackAdapter",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Load a name of the surface from its module on first use (PEP 562)."""
+    module = _SURFACE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+

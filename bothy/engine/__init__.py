@@ -1,0 +1,83 @@
+"""The engine: the gates, the worker and its process group, the audit chain (SPEC §11).
+
+The names in ``__all__`` are its surface: what the other packages use, importable from the
+package itself (``from bothy.engine import X``). Each is loaded from its module on first use,
+so importing one module of the package never loads the rest.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_SURFACE = {
+    "Alerts": "bothy.engine.alerts",
+    "AuditLog": "bothy.engine.audit",
+    "Checklist": "bothy.engine.checklist",
+    "frame": "bothy.engine.framing",
+    "inline": "bothy.engine.framing",
+    "new_token": "bothy.engine.framing",
+    "Launch": "bothy.engine.launch",
+    "build_launch": "bothy.engine.launch",
+    "codex_version": "bothy.engine.launch",
+    "WorkerPool": "bothy.engine.pool",
+    "PriceTable": "bothy.engine.prices",
+    "ProcessGroup": "bothy.engine.procgroup",
+    "process_start_time": "bothy.engine.procgroup",
+    "matches": "bothy.engine.proctable",
+    "read_row": "bothy.engine.proctable",
+    "Delivered": "bothy.engine.questions",
+    "QuestionBoard": "bothy.engine.questions",
+    "Recovery": "bothy.engine.recovery",
+    "NO_REPLY": "bothy.engine.run",
+    "Outcome": "bothy.engine.run",
+    "RunRequest": "bothy.engine.run",
+    "RunResult": "bothy.engine.run",
+    "new_run_id": "bothy.engine.run",
+    "RunRow": "bothy.engine.state",
+    "StateDB": "bothy.engine.state",
+    "Supervisor": "bothy.engine.supervisor",
+    "workspace_problem": "bothy.engine.supervisor",
+    "Asker": "bothy.engine.toolbox",
+    "Verification": "bothy.engine.verification",
+}
+__all__ = [
+    "NO_REPLY",
+    "Alerts",
+    "Asker",
+    "AuditLog",
+    "Checklist",
+    "Delivered",
+    "Launch",
+    "Outcome",
+    "PriceTable",
+    "ProcessGroup",
+    "QuestionBoard",
+    "Recovery",
+    "RunRequest",
+    "RunResult",
+    "RunRow",
+    "StateDB",
+    "Supervisor",
+    "Verification",
+    "WorkerPool",
+    "build_launch",
+    "codex_version",
+    "frame",
+    "inline",
+    "matches",
+    "new_run_id",
+    "new_token",
+    "process_start_time",
+    "read_row",
+    "workspace_problem",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Load a name of the surface from its module on first use (PEP 562)."""
+    module = _SURFACE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+

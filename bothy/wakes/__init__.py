@@ -1,13 +1,56 @@
 """Wakes: what makes Bothy start a run without being asked in chat (SPEC §5).
 
-The flow: a listener (``webhook``) checks a delivery, or a ``poller`` finds something new, and
-makes it durable in the ``inbox``; the dispatcher takes durable wakes from there and turns them
-into runs.
+The flow: a listener (``webhook``) checks a delivery, a ``poller`` finds something new, or a
+schedule fires (``schedule_runner``), and it is made durable in the ``inbox``; the
+``dispatcher`` takes durable wakes from there and hands each to its source's handler
+(``handlers``), which turns it into a run.
+
+The names in ``__all__`` are its surface: what the other packages use, importable from the
+package itself (``from bothy.wakes import X``). Each is loaded from its module on first use,
+so importing one module of the package never loads the rest.
 """
 
-from bothy.wakes.inbox import Accepted, Delivery, Duplicate, Inbox, WakeRow
-from bothy.wakes.poller import Poller, PollReport
-from bothy.wakes.webhook import WebhookListener
+from __future__ import annotations
 
-__all__ = ["Accepted", "Delivery", "Duplicate", "Inbox", "PollReport", "Poller", "WakeRow",
-           "WebhookListener"]
+import importlib
+from typing import Any
+
+_SURFACE = {
+    "Dispatcher": "bothy.wakes.dispatcher",
+    "Execute": "bothy.wakes.handlers",
+    "WakeRun": "bothy.wakes.handlers",
+    "WakeStart": "bothy.wakes.handlers",
+    "unattended": "bothy.wakes.handlers",
+    "Accepted": "bothy.wakes.inbox",
+    "Delivery": "bothy.wakes.inbox",
+    "Duplicate": "bothy.wakes.inbox",
+    "Inbox": "bothy.wakes.inbox",
+    "WakeRow": "bothy.wakes.inbox",
+    "Ignored": "bothy.wakes.jobs",
+    "PollReport": "bothy.wakes.poller",
+    "Poller": "bothy.wakes.poller",
+    "ScheduleRunner": "bothy.wakes.schedule_runner",
+    "Schedule": "bothy.wakes.schedules",
+    "ScheduleStore": "bothy.wakes.schedules",
+    "Unrunnable": "bothy.wakes.schedules",
+    "cron_trigger": "bothy.wakes.schedules",
+    "next_fire": "bothy.wakes.schedules",
+    "schedule_name_problem": "bothy.wakes.schedules",
+    "schedule_request": "bothy.wakes.schedules",
+    "WebhookListener": "bothy.wakes.webhook",
+}
+__all__ = [
+    "Accepted", "Delivery", "Dispatcher", "Duplicate", "Execute", "Ignored", "Inbox", "PollReport",
+    "Poller", "Schedule", "ScheduleRunner", "ScheduleStore", "Unrunnable", "WakeRow", "WakeRun",
+    "WakeStart", "WebhookListener", "cron_trigger", "next_fire", "schedule_name_problem",
+    "schedule_request", "unattended",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Load a name of the surface from its module on first use (PEP 562)."""
+    module = _SURFACE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
