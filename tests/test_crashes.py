@@ -116,6 +116,7 @@ async def test_sigkilled_bothy_run_is_recovered_by_the_next_bothy_run(
 
 
 @pytest.mark.codex
+@pytest.mark.fake_app_server
 async def test_worker_that_outlives_its_bothy_is_ended_by_doctor(tmp_path: Path) -> None:
     """A worker group that outlives its SIGKILLed `bothy run` is ended and audited by `doctor`."""
     log = tmp_path / "worker.log"
@@ -171,6 +172,7 @@ async def test_app_server_killed_mid_turn_fails_the_run_at_once(
 
 
 @pytest.mark.codex
+@pytest.mark.fake_app_server
 async def test_app_server_exiting_while_a_child_holds_its_output_fails_the_run(
     tmp_path: Path,
 ) -> None:
@@ -199,6 +201,7 @@ async def test_app_server_exiting_while_a_child_holds_its_output_fails_the_run(
     ],
 )
 @pytest.mark.codex
+@pytest.mark.fake_app_server
 async def test_broken_frame_mid_turn_fails_the_run_and_reaps_the_group(
     tmp_path: Path, mode: str, problem: str
 ) -> None:
