@@ -71,5 +71,8 @@ EVENTS = EventTable({
     # Chat platforms and conversations.
     "chat": ("refused", "react-failed", "thread-failed", "post-failed", "lost"),
     "thread": ("resume-failed",),
+    # A run's task in Cairn (docs/CAIRN.md).
+    "cairn": ("claimed", "claim_failed", "briefed", "brief_failed", "noted", "note_failed",
+              "released", "release_failed", "ref_refused"),
 })
 """What Bothy records today (docs/AUDIT.md, "What is recorded today")."""
