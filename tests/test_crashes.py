@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sqlite3
 import sys
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -142,6 +143,48 @@ async def test_worker_that_outlives_its_bothy_is_ended_by_doctor(tmp_path: Path)
         [record] = audit_records(site, lambda r: r.event == "recovered")
         assert str(record.details["group"]).startswith(f"ended by SIGTERM: pgid {group.pgid} ")
         await _assert_held_until_expiry(site, shell, crashed_id)
+
+
+def _rewrite_starts_in_the_old_format(site: Site) -> list[str]:
+    """What a Bothy from before psutil stored: each start as bare ticks since boot (no boot)."""
+    with sqlite3.connect(BothyHome(site.home).db_path) as db:
+        for table, column in (("runs", "owner_start"), ("runs", "leader_start"),
+                              ("groups", "leader_start")):
+            db.execute(f"UPDATE {table} SET {column} = substr({column}, 1,"
+                       f" instr({column}, '@') - 1) WHERE instr({column}, '@') > 0")
+        rows = db.execute("SELECT owner_start, leader_start FROM runs").fetchall()
+    return [value for row in rows for value in row if value is not None]
+
+
+@pytest.mark.codex
+@pytest.mark.fake_app_server
+async def test_an_orphan_whose_row_is_in_the_old_format_is_ended_after_the_upgrade(
+    tmp_path: Path,
+) -> None:
+    """A run row written before psutil (starts as ticks since boot alone) is still understood:
+    the next Bothy ends the group its SIGKILLed owner left, and audits it."""
+    log = tmp_path / "worker.log"
+    site = _broken_site(tmp_path, "hang", log)
+    async with Shell(site) as shell:
+        crashed = await shell.start("run", "long job", "--subject", "demo")
+        crashed_id = await crashed.admitted()
+        assert crashed_id is not None
+        await until(lambda: "turn started" in _milestones(log), "the worker never got a turn")
+        group = started_group(site, crashed_id)
+        crashed.signal(signal.SIGKILL)
+        assert (await crashed.finish()).code == -signal.SIGKILL
+        await until(lambda: "stdin closed" in _milestones(log), "the worker never saw EOF")
+        old_format = _rewrite_starts_in_the_old_format(site)
+        assert old_format and all(value.isdigit() for value in old_format)
+        assert group.leader_pid in live_members(group.pgid)
+
+        doctor = await shell.bothy("doctor")
+        assert ("[ok ] no orphaned workers: 1 process group(s) left by a previous instance"
+                f" ({crashed_id}): ended and audited\n") in doctor.stdout
+        assert live_members(group.pgid) == []
+        [record] = audit_records(site, lambda r: r.event == "recovered")
+        assert record.run_id == crashed_id
+        assert str(record.details["group"]).startswith(f"ended by SIGTERM: pgid {group.pgid} ")
 
 
 # --- the worker dies or breaks the protocol ----------------------------------------------------
