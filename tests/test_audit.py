@@ -27,7 +27,9 @@ from bothy.errors import AuditIntegrityError
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXED_TS = datetime(2026, 9, 24, 10, 14, 2, 118734, tzinfo=UTC)
 # Tests of the file format name a few events Bothy itself never writes.
-_FORMAT_EVENTS = EVENTS.including({"run": ("settled",), "test": ("written",)})
+_FORMAT_EVENTS = EVENTS.including(
+    {"run": ("settled",), "test": ("written",), "question": ("asked",)}
+)
 
 
 def _fixed_clock() -> datetime:
@@ -446,7 +448,7 @@ def test_verify_waits_for_an_append_in_progress(tmp_path: Path) -> None:
 
 async def test_record_appends_from_a_coroutine(tmp_path: Path) -> None:
     """The async form writes the same record without blocking the event loop."""
-    log = AuditLog(tmp_path / "audit.jsonl", clock=_fixed_clock)
+    log = AuditLog(tmp_path / "audit.jsonl", clock=_fixed_clock, events=_FORMAT_EVENTS)
 
     record = await log.record("question", "asked", "pending", subject="pr:42", run_id="run_x")
 

@@ -51,13 +51,14 @@ EVENTS = EventTable({
     "wake": ("received", "ignored", "deferred", "abandoned", "interrupted", "crashed"),
     # A run's life: gates, worker, end; its recovery by a later Bothy; a job's own check.
     "run": ("admitted", "refused", "started", "finished", "cancel-requested", "recovered",
-            "verified", "verification-failed"),
+            "verified", "verification-failed", "question"),
     "turn": ("started",),
     "worker": ("stopped",),
     "budget": ("settled",),
+    "plan": ("window",),  # budget mode plan, no rate-limit window known yet
     # Tools and the people asked about them.
     "tool": ("allowed", "refused"),
-    "question": ("asked", "answered", "timed_out", "stopped", "declined"),
+    "question": ("answered", "timed_out", "stopped", "declined"),  # asked: `run question`
     "answer": ("received", "ignored", "late"),
     "mcp": ("failed",),
     # Somebody should know.
