@@ -48,16 +48,16 @@ def _swap(lines: list[bytes]) -> list[bytes]:
 
 
 def _duplicate(lines: list[bytes]) -> list[bytes]:
-    return lines[:3] + [lines[2]] + lines[3:]
+    return [*lines[:3], lines[2], *lines[3:]]
 
 
 def _insert_at_start(lines: list[bytes]) -> list[bytes]:
-    return [lines[0]] + lines
+    return [lines[0], *lines]
 
 
 def _forge_last(lines: list[bytes]) -> list[bytes]:
     """A last record with a correct hash of its own content whose prev links to nothing."""
-    return lines + [_forged(lines[-1], seq=7, prev="f" * 64)]
+    return [*lines, _forged(lines[-1], seq=7, prev="f" * 64)]
 
 
 def _forged(model: bytes, *, seq: int, prev: str) -> bytes:
