@@ -227,3 +227,39 @@ async def test_repair_is_refused_while_serve_runs(tmp_path: Path) -> None:
         assert site.audit_path.read_bytes() == before
         serving.signal(signal.SIGTERM)
         assert (await serving.finish()).code == 0
+
+
+async def test_a_truncated_last_line_is_repaired_after_the_last_whole_record(
+    tmp_path: Path,
+) -> None:
+    site = _site_with_records(tmp_path)
+    site.audit_path.write_bytes(site.audit_path.read_bytes()[:-20])
+    assert (await site.bothy("audit", "verify")).code == 1
+
+    repaired = await site.bothy("audit", "repair")
+
+    assert repaired.code == 0 and "truncated" in repaired.stdout, repaired.stdout
+    assert [line.split()[0] for line in site.audit_lines()][:7] == [
+        "0001", "0002", "0003", "0004", "0005", "0006", "0007"]
+    assert site.audit_lines()[5].split()[2:4] == ["audit", "repaired"]
+
+
+@pytest.mark.codex
+async def test_a_register_cut_back_to_a_record_boundary_is_named_as_missing_records(
+    tmp_path: Path,
+) -> None:
+    """The head anchored in state after each append: whole records cut from the end are
+    missing records N..M to verify and doctor, and nothing is appended after them."""
+    site = _site_with_records(tmp_path)
+    site.audit_path.write_bytes(b"".join(_lines(site)[:4]))
+    named = "records 0005–0006 are missing from the end"
+
+    verify = await site.bothy("audit", "verify")
+    assert verify.code == 1 and named in verify.stdout, verify.stdout
+    doctor = await site.bothy("doctor")
+    assert f"[fail] audit chain intact: broken: {named}" in doctor.stdout, doctor.stdout
+    source = tmp_path / "sop.md"
+    source.write_text("Back up.\n")
+    refused = await site.bothy("sop", "set", "backup", "--file", str(source))
+    assert refused.code == 1 and named in refused.stderr, refused.stderr
+    assert len(_lines(site)) == 4

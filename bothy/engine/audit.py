@@ -33,7 +33,7 @@ import json
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -224,7 +224,8 @@ class AuditLog:
                 start_seq=point.seq, start_hash=point.hash,
             )
         if report is None or not report.ok:
-            report = self._verify_segments(settle=False)
+            report = _against_anchor(self._verify_segments(settle=False), point,
+                                     self.checkpoint_path)
         if not report.ok:
             raise AuditIntegrityError(
                 f"Refusing to append to audit log {self.path}: the chain is broken: "
@@ -268,7 +269,10 @@ class AuditLog:
     def _segment_records(
         self, path: Path, stop_after: int | None, run_id: str | None, since: datetime | None
     ) -> Iterator[AuditRecord]:
+        last_seq = 0
         for line_no, raw in _file_lines(path, self._lock_path):
+            if stop_after is not None and last_seq >= stop_after:
+                return  # the rest of a kept segment was set aside by the repair
             if not raw.endswith(b"\n"):
                 raise AuditIntegrityError(
                     f"Cannot read {path}: line {line_no} is truncated", line_no=line_no
@@ -280,6 +284,7 @@ class AuditLog:
                 )
             if stop_after is not None and parsed.seq > stop_after:
                 return
+            last_seq = parsed.seq
             if run_id is not None and parsed.run_id != run_id:
                 continue
             if since is not None and parsed.ts < since:
@@ -292,7 +297,9 @@ class AuditLog:
         Never raises for a bad chain. ``repaired_at`` names every repair: a repaired register
         verifies, but never as if nothing had happened.
         """
-        return self._verify_segments(settle=True)
+        report = self._verify_segments(settle=True)
+        return _against_anchor(report, _read_checkpoint(self.checkpoint_path),
+                               self.checkpoint_path)
 
     def _verify_segments(self, *, settle: bool) -> VerifyReport:
         return _verify_file(self.path, self._lock_path if settle else None, None, 0)
@@ -454,6 +461,21 @@ class _Checkpoint:
         return (not isinstance(parsed, str) and parsed.seq == self.seq
                 and parsed.hash == self.hash
                 and hashlib.sha256(body_of(line)).hexdigest() == self.hash)
+
+
+def _against_anchor(
+    report: VerifyReport, point: _Checkpoint | None, where: Path
+) -> VerifyReport:
+    """A chain that verifies but ends before the head anchored in state lost its last records
+    (cut back to a record boundary, or replaced by an older copy)."""
+    if not report.ok or point is None or point.seq <= report.last_seq:
+        return report
+    first, last = report.last_seq + 1, point.seq
+    what = (f"record {first:04d} is missing" if first == last
+            else f"records {first:04d}–{last:04d} are missing")
+    return replace(report, ok=False, fault=Fault.MISSING, first_bad_seq=first, problem=(
+        f"{what} from the end: the register stops at {report.last_seq:04d} but its head "
+        f"anchored in {where.name} is {last:04d}"))
 
 
 def _read_checkpoint(path: Path) -> _Checkpoint | None:
