@@ -17,8 +17,6 @@ from typing import Any
 
 _SURFACE = {
     "Dispatcher": "bothy.wakes.dispatcher",
-    "Execute": "bothy.wakes.handlers",
-    "WakeRun": "bothy.wakes.handlers",
     "WakeStart": "bothy.wakes.handlers",
     "unattended": "bothy.wakes.handlers",
     "Accepted": "bothy.wakes.inbox",
@@ -40,8 +38,8 @@ _SURFACE = {
     "WebhookListener": "bothy.wakes.webhook",
 }
 __all__ = [
-    "Accepted", "Delivery", "Dispatcher", "Duplicate", "Execute", "Ignored", "Inbox", "PollReport",
-    "Poller", "Schedule", "ScheduleRunner", "ScheduleStore", "Unrunnable", "WakeRow", "WakeRun",
+    "Accepted", "Delivery", "Dispatcher", "Duplicate", "Ignored", "Inbox", "PollReport",
+    "Poller", "Schedule", "ScheduleRunner", "ScheduleStore", "Unrunnable", "WakeRow",
     "WakeStart", "WebhookListener", "cron_trigger", "next_fire", "schedule_name_problem",
     "schedule_request", "unattended",
 ]
