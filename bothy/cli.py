@@ -95,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
 
     audit = commands.add_parser(
         "audit", help="print the audit log, verify its chain, or repair a broken one")
-    audit.add_argument("action", nargs="?", choices=["verify", "repair"])
+    audit.add_argument("action", nargs="?", choices=["verify", "repair", "head"])
     audit.add_argument("--run", dest="run_id", help="only the records of this run")
     audit.add_argument("--since", help="only records at or after this ISO-8601 time")
     audit.add_argument("--json", action="store_true")

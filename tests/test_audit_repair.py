@@ -263,3 +263,14 @@ async def test_a_register_cut_back_to_a_record_boundary_is_named_as_missing_reco
     refused = await site.bothy("sop", "set", "backup", "--file", str(source))
     assert refused.code == 1 and named in refused.stderr, refused.stderr
     assert len(_lines(site)) == 4
+
+
+async def test_audit_head_prints_the_verified_head(tmp_path: Path) -> None:
+    site = _site_with_records(tmp_path)
+    last = json.loads(_lines(site)[-1])
+
+    head = await site.bothy("audit", "head")
+    assert head.code == 0 and head.stdout == f"head 0006 {last['hash']}\n", head.stdout
+    site.audit_path.write_bytes(b"".join(_lines(site)[:4]))
+    cut = await site.bothy("audit", "head")
+    assert cut.code == 1 and "records 0005–0006 are missing" in cut.stdout, cut.stdout

@@ -27,6 +27,8 @@ async def cmd_audit(args: argparse.Namespace) -> int:
     log = AuditLog(home.audit_path)
     if args.action == "repair":
         return await _repair(log)
+    if args.action == "head":
+        return await _head(log, as_json=args.json)
     if args.action == "verify":
         report = await asyncio.to_thread(log.verify)
         if args.json:
@@ -56,6 +58,23 @@ def repaired_at(seqs: tuple[int, ...]) -> str:
     where = ", ".join(str(seq) for seq in seqs)
     return (f"repaired at seq {where}: records before it were set aside by 'bothy audit repair'"
             " (the kept file is named in that record)")
+
+
+async def _head(log: AuditLog, *, as_json: bool) -> int:
+    """The verified head (seq and hash of the last record): what to publish or compare with a
+    copy kept elsewhere."""
+    report = await asyncio.to_thread(log.verify)
+    if not report.ok:
+        print(f"audit chain broken: {report.problem}")
+        return ExitCode.FAILED
+    if as_json:
+        print(json.dumps({"seq": report.last_seq, "hash": report.last_hash,
+                          "repaired_at": list(report.repaired_at)}))
+    elif report.last_seq == 0:
+        print(f"bothy: the register is empty ({log.path})", file=sys.stderr)
+    else:
+        print(f"head {report.last_seq:04d} {report.last_hash}")
+    return ExitCode.OK
 
 
 async def _repair(log: AuditLog) -> int:
