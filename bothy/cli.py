@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 from bothy import __version__
 from bothy.errors import (
+    AuditIntegrityError,
     BothyError,
     ChatAuthError,
     ChatUnavailable,
@@ -92,8 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     cancel = commands.add_parser("cancel", help="interrupt a queued or running run")
     cancel.add_argument("run_id")
 
-    audit = commands.add_parser("audit", help="print the audit log, or verify its chain")
-    audit.add_argument("action", nargs="?", choices=["verify"])
+    audit = commands.add_parser(
+        "audit", help="print the audit log, verify its chain, or repair a broken one")
+    audit.add_argument("action", nargs="?", choices=["verify", "repair", "head"])
     audit.add_argument("--run", dest="run_id", help="only the records of this run")
     audit.add_argument("--since", help="only records at or after this ISO-8601 time")
     audit.add_argument("--json", action="store_true")
@@ -239,6 +241,11 @@ def _main(argv: Sequence[str] | None) -> int:
     except (TemporaryFailure, ChatUnavailable) as exc:
         print(f"bothy: temporary failure: {exc}", file=sys.stderr)
         return ExitCode.TEMPFAIL
+    except AuditIntegrityError as exc:
+        print(f"bothy: {exc}", file=sys.stderr)
+        # A broken register is not mended by restarting: serve says so as a config error does.
+        return _config_exit(args.command, str(exc)) if args.command == "serve" \
+            else ExitCode.FAILED
     except BothyError as exc:
         print(f"bothy: {exc}", file=sys.stderr)
         return ExitCode.FAILED

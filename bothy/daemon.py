@@ -33,9 +33,10 @@ from bothy.chat.conversation import SOURCE as CHAT_SOURCE
 from bothy.chat.conversation import Conversations
 from bothy.chat.router import ChatRouter
 from bothy.config import Config
+from bothy.engine.audit import AuditLog
 from bothy.engine.procgroup import process_start_time
 from bothy.engine.questions import QuestionBoard
-from bothy.errors import BothyError, ConfigError, TemporaryFailure
+from bothy.errors import AuditIntegrityError, BothyError, ConfigError, TemporaryFailure
 from bothy.home import BothyHome
 from bothy.runtime import Runtime
 from bothy.waits import first_of, recording_stop_signals
@@ -91,6 +92,7 @@ class Daemon:
                 return await self._serve(rt)
 
     async def _serve(self, rt: Runtime) -> int:
+        await _refuse_a_broken_register(rt.audit)
         supervisor = rt.supervisor()
         inbox = Inbox(self._home.inbox_dir, rt.db, clock=rt.clock)
         await rt.audit.record("serve", "starting", "ok",
@@ -284,6 +286,35 @@ def _check_secrets(cfg: Config) -> None:
                 " route without its secret would refuse every delivery",
                 key=f"webhooks.{name}.secret_env",
             )
+
+
+async def _refuse_a_broken_register(audit: AuditLog) -> None:
+    """The whole chain, verified before anything is appended to it (docs/AUDIT.md)."""
+    report = await asyncio.to_thread(audit.verify)
+    if not report.ok:
+        raise AuditIntegrityError(
+            f"not starting: the register {audit.path} is broken: {report.problem}. Nothing was "
+            "appended to it. See 'bothy audit verify'; 'bothy audit repair' keeps the broken "
+            "file aside untouched and starts a new segment after the last good record",
+            seq=report.first_bad_seq, line_no=report.line_no)
+
+
+@contextlib.contextmanager
+def serve_holding(lock_path: Path, *, doing: str) -> Iterator[None]:
+    """Hold ``bothy serve``'s single-instance lock while ``doing`` something it must not see;
+    refused (TemporaryFailure) while a daemon runs."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise TemporaryFailure(
+                f"refusing to {doing} while bothy serve (pid {holder}) runs: stop it first"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

@@ -172,9 +172,13 @@ async def check_audit_chain(scene: Scene) -> Finding:
         report = await asyncio.to_thread(AuditLog(path).verify)
     except OSError as exc:
         return fail(f"cannot read {path}: {exc.strerror or exc}")
-    if report.ok:
-        return ok(f"{report.count} records verified")
-    return fail(f"broken: {report.problem}")
+    if not report.ok:
+        return fail(f"broken: {report.problem}")
+    if report.repaired_at:
+        from bothy.commands.operate import repaired_at
+
+        return warn(f"{report.count} records verified; {repaired_at(report.repaired_at)}")
+    return ok(f"{report.count} records verified")
 
 
 async def check_codex_present(scene: Scene) -> Finding:

@@ -173,8 +173,10 @@ async def test_every_read_command_speaks_json(site: Site) -> None:
     assert isinstance(profile, dict)
     assert (profile["name"], profile["approvals"]) == ("selfcare", {"bothy_checklist": "confirm"})
     assert checklist == ["Disk on / should stay under 85%."]
-    assert verified == {"ok": True, "count": 2, "problem": "", "first_bad_seq": None,
-                        "line_no": None, "fault": None}
+    assert isinstance(verified, dict)
+    assert verified | {"last_hash": None} == {
+        "ok": True, "count": 2, "problem": "", "first_bad_seq": None, "line_no": None,
+        "fault": None, "last_seq": 2, "last_hash": None, "repaired_at": []}
     assert isinstance(status, dict) and status["schedules"][0]["name"] == "nightly"
 
 

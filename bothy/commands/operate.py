@@ -25,6 +25,10 @@ async def cmd_audit(args: argparse.Namespace) -> int:
 
     home = BothyHome.from_env()
     log = AuditLog(home.audit_path)
+    if args.action == "repair":
+        return await _repair(log)
+    if args.action == "head":
+        return await _head(log, as_json=args.json)
     if args.action == "verify":
         report = await asyncio.to_thread(log.verify)
         if args.json:
@@ -35,6 +39,8 @@ async def cmd_audit(args: argparse.Namespace) -> int:
             print(f"audit chain intact: {report.count} records verified")
         else:
             print(f"audit chain broken: {report.problem}")
+        if report.repaired_at and not args.json:
+            print(f"[warn] {repaired_at(report.repaired_at)}")
         return ExitCode.OK if report.ok else ExitCode.FAILED
     since = _since(args.since) if args.since else None
     records = await asyncio.to_thread(lambda: [
@@ -44,6 +50,55 @@ async def cmd_audit(args: argparse.Namespace) -> int:
         print(record.to_json() if args.json else record.human_line())
     if not records:
         print(f"bothy: {_nothing(args.run_id, args.since)} ({log.path})", file=sys.stderr)
+    return ExitCode.OK
+
+
+def repaired_at(seqs: tuple[int, ...]) -> str:
+    """``repaired at seq N`` (and every earlier repair): said by verify and doctor forever."""
+    where = ", ".join(str(seq) for seq in seqs)
+    return (f"repaired at seq {where}: records before it were set aside by 'bothy audit repair'"
+            " (the kept file is named in that record)")
+
+
+async def _head(log: AuditLog, *, as_json: bool) -> int:
+    """The verified head (seq and hash of the last record): what to publish or compare with a
+    copy kept elsewhere."""
+    report = await asyncio.to_thread(log.verify)
+    if not report.ok:
+        print(f"audit chain broken: {report.problem}")
+        return ExitCode.FAILED
+    if as_json:
+        print(json.dumps({"seq": report.last_seq, "hash": report.last_hash,
+                          "repaired_at": list(report.repaired_at)}))
+    elif report.last_seq == 0:
+        print(f"bothy: the register is empty ({log.path})", file=sys.stderr)
+    else:
+        print(f"head {report.last_seq:04d} {report.last_hash}")
+    return ExitCode.OK
+
+
+async def _repair(log: AuditLog) -> int:
+    """Keep a broken register aside and start a new segment; refused while serve runs."""
+    from bothy.clock import utc_now
+    from bothy.daemon import serve_holding
+    from bothy.engine.alerts import Alerts
+    from bothy.home import BothyHome
+
+    home = BothyHome.from_env()
+    with serve_holding(home.state_dir / "serve.lock", doing="repair the register"):
+        done = await asyncio.to_thread(log.repair)
+        if done is None:
+            print(f"audit chain intact: nothing to repair ({log.path})")
+            return ExitCode.OK
+        print(f"audit chain broken: {done.problem}")
+        print(f"kept the broken file untouched as {done.kept}")
+        print(f"started a new segment at record {done.record.seq:04d} (audit repaired), after "
+              f"the last good record {done.record.seq - 1:04d}")
+        _, cfg = load()
+        alerts = Alerts(log, site=cfg.site, clock=utc_now)
+        await alerts.raise_alert(
+            "the register", f"repaired at seq {done.record.seq}: {done.problem}; the broken "
+            f"file is kept as {done.kept.name}", subject=None, level="critical")
     return ExitCode.OK
 
 

@@ -7,6 +7,19 @@ which kinds of record exist is :mod:`bothy.engine.auditevents`, enforced on ever
 
 Writers in several processes take an exclusive ``flock`` on ``<path>.lock`` for each append;
 the record is written in one ``write`` and fsynced before ``append`` returns.
+
+Nothing is appended to a broken chain. A process's first append verifies the chain from the
+*checkpoint* kept beside the register (``<path>.checkpoint``: the file's identity, the offset
+and seq and hash of its last record, rewritten after each append), so ``bothy run`` reads only
+what other processes appended since; without a checkpoint that still describes the file, the
+whole chain is verified. ``bothy serve``, ``audit verify`` and ``doctor`` always verify the
+whole chain (:meth:`AuditLog.verify`).
+
+Segments: ``bothy audit repair`` (:meth:`AuditLog.repair`) keeps a broken register aside
+untouched (``<path>.broken-<stamp>``) and starts a new file whose first record, ``audit
+repaired``, names the kept file and its last good seq and hash, and links to that hash. Reading
+and verifying follow those links back, so the register reads as one chain across segments,
+and every verdict after a repair says where it was repaired.
 """
 
 from __future__ import annotations
@@ -15,11 +28,12 @@ import asyncio
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,9 +52,11 @@ from bothy.engine.auditrecord import (
 from bothy.errors import AuditIntegrityError, StateError
 from bothy.fsync import fsync, fsync_directory
 
-__all__ = ["GENESIS_HASH", "AuditLog", "AuditRecord", "Fault", "VerifyReport"]
+__all__ = ["GENESIS_HASH", "AuditLog", "AuditRecord", "Fault", "Repair", "VerifyReport"]
 
 _TAIL_CHUNK_BYTES = 4096
+_MAX_SEGMENTS = 1000  # links followed back through repaired segments before giving up
+REPAIR_KIND, REPAIR_EVENT = "audit", "repaired"
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
 
@@ -62,6 +78,7 @@ class AuditLog:
         self.path = path
         self._events = events
         self._lock_path = path.with_name(path.name + ".lock")
+        self.checkpoint_path = path.with_name(path.name + ".checkpoint")
         self._clock = clock or _utc_now
         self._thread_lock = threading.Lock()
         # Tail cached between appends; trusted only while the file is the one it describes.
@@ -131,13 +148,19 @@ class AuditLog:
         subject: str | None,
         run_id: str | None,
         details: dict[str, Any],
+        *,
+        after: tuple[int, str] | None = None,
     ) -> AuditRecord:
+        """``after``: the (seq, hash) a new segment's first record follows (a repair)."""
         try:
             fd = _open_for_append(self.path)
         except OSError as exc:
             raise StateError(f"Cannot open audit log {self.path}: {exc.strerror}") from exc
         try:
-            tail = self._current_tail(fd)
+            if after is None:
+                tail = self._current_tail(fd)
+            else:
+                tail = _Tail(identity=_identity(os.fstat(fd)), seq=after[0], hash=after[1])
             ts = self._now()
             body = serialise_body(
                 seq=tail.seq + 1,
@@ -152,7 +175,9 @@ class AuditLog:
             )
             digest = hashlib.sha256(body).hexdigest()
             self._write_durably(fd, with_hash(body, digest) + b"\n", tail.seq + 1)
-            self._tail = _Tail(identity=_identity(os.fstat(fd)), seq=tail.seq + 1, hash=digest)
+            written = os.fstat(fd)
+            self._tail = _Tail(identity=_identity(written), seq=tail.seq + 1, hash=digest)
+            _write_checkpoint(self.checkpoint_path, written, tail.seq + 1, digest)
         finally:
             os.close(fd)
         return AuditRecord(
@@ -181,8 +206,33 @@ class AuditLog:
         if cached is not None and cached.identity == _identity(st):
             return cached
         self._tail = None
-        seq, digest = _read_tail(fd, st.st_size, self.path)
+        seq, digest = self._verified_tail(fd, st)
         return _Tail(identity=_identity(st), seq=seq, hash=digest)
+
+    def _verified_tail(self, fd: int, st: os.stat_result) -> tuple[int, str]:
+        """The last record's seq and hash, once the chain up to it verifies (under the lock).
+
+        From the checkpoint when it still describes this file (same file, its record still
+        at its offset): only what was appended since is read. Otherwise the whole chain.
+        """
+        seq, digest = _read_tail(fd, st.st_size, self.path)  # a broken last line, named first
+        point = _read_checkpoint(self.checkpoint_path)
+        report: VerifyReport | None = None
+        if point is not None and point.describes(fd, st):
+            report = verify_lines(
+                lambda: _lines_from(fd, point.offset, st.st_size),
+                start_seq=point.seq, start_hash=point.hash,
+            )
+        if report is None or not report.ok:
+            report = _against_anchor(self._verify_segments(settle=False), point,
+                                     self.checkpoint_path)
+        if not report.ok:
+            raise AuditIntegrityError(
+                f"Refusing to append to audit log {self.path}: the chain is broken: "
+                f"{report.problem}; run 'bothy audit verify', then 'bothy audit repair'",
+                seq=report.first_bad_seq, line_no=report.line_no,
+            )
+        return seq, digest
 
     def _write_durably(self, fd: int, line: bytes, seq: int) -> None:
         size_before = os.fstat(fd).st_size
@@ -213,16 +263,28 @@ class AuditLog:
         """
         if since is not None and since.tzinfo is None:
             raise ValueError(f"since must be an aware datetime, not {since!r}")
-        for line_no, raw in self._lines():
+        for path, stop_after in self._segments():
+            yield from self._segment_records(path, stop_after, run_id, since)
+
+    def _segment_records(
+        self, path: Path, stop_after: int | None, run_id: str | None, since: datetime | None
+    ) -> Iterator[AuditRecord]:
+        last_seq = 0
+        for line_no, raw in _file_lines(path, self._lock_path):
+            if stop_after is not None and last_seq >= stop_after:
+                return  # the rest of a kept segment was set aside by the repair
             if not raw.endswith(b"\n"):
                 raise AuditIntegrityError(
-                    f"Cannot read {self.path}: line {line_no} is truncated", line_no=line_no
+                    f"Cannot read {path}: line {line_no} is truncated", line_no=line_no
                 )
             parsed = parse_line(raw[:-1])
             if isinstance(parsed, str):
                 raise AuditIntegrityError(
-                    f"Cannot read {self.path}: line {line_no} {parsed}", line_no=line_no
+                    f"Cannot read {path}: line {line_no} {parsed}", line_no=line_no
                 )
+            if stop_after is not None and parsed.seq > stop_after:
+                return
+            last_seq = parsed.seq
             if run_id is not None and parsed.run_id != run_id:
                 continue
             if since is not None and parsed.ts < since:
@@ -230,29 +292,226 @@ class AuditLog:
             yield parsed
 
     def verify(self) -> VerifyReport:
-        """Check the whole chain and name the first problem; never raises for a bad chain."""
-        return verify_lines(self._lines)
+        """Check the whole chain, across repaired segments, and name the first problem.
 
-    def _lines(self) -> Iterator[tuple[int, bytes]]:
-        """Numbered lines, as far as the file reached when no writer was mid-append.
-
-        Reading stops at the size seen under the writers' lock, so an append in progress
-        is never mistaken for a truncated record.
+        Never raises for a bad chain. ``repaired_at`` names every repair: a repaired register
+        verifies, but never as if nothing had happened.
         """
+        report = self._verify_segments(settle=True)
+        return _against_anchor(report, _read_checkpoint(self.checkpoint_path),
+                               self.checkpoint_path)
+
+    def _verify_segments(self, *, settle: bool) -> VerifyReport:
+        return _verify_file(self.path, self._lock_path if settle else None, None, 0)
+
+    def _segments(self) -> list[tuple[Path, int | None]]:
+        """The register's files oldest first, each with the last seq of it that counts."""
+        chain: list[tuple[Path, int | None]] = []
+        path, stop_after = self.path, None
+        for _ in range(_MAX_SEGMENTS):
+            link = _repair_link(path)
+            # A kept file counts up to its last good record; an older segment it links to
+            # up to that segment's own last good record, or less if the repair came earlier.
+            chain.append((path, stop_after))
+            if link is None:
+                break
+            path = link.kept
+            stop_after = link.seq if stop_after is None else min(link.seq, stop_after)
+        chain.reverse()
+        return chain
+
+    # -- repairing ---------------------------------------------------------------------------
+
+    def repair(self) -> Repair | None:
+        """Keep a broken register aside untouched and start a new segment after its last good
+        record; None if the chain verifies (nothing to repair).
+
+        The caller makes sure no ``bothy serve`` runs; other writers wait on the lock.
+        """
+        with self._thread_lock, _exclusive_lock(self._lock_path):
+            report = self._verify_segments(settle=False)
+            if report.ok:
+                return None
+            stamp = self._now().strftime("%Y%m%dT%H%M%S.%fZ")
+            kept = self.path.with_name(f"{self.path.name}.broken-{stamp}")
+            os.rename(self.path, kept)  # the broken file itself, byte for byte
+            fsync_directory(self.path.parent)
+            _remove_checkpoint(self.checkpoint_path)
+            details = {"kept": kept.name, "last_good_seq": report.last_seq,
+                       "last_good_hash": report.last_hash, "problem": report.problem}
+            record = self._append_locked(REPAIR_KIND, REPAIR_EVENT, "ok", None, None, details,
+                                         after=(report.last_seq, report.last_hash))
+            _fsync_new_entries(self.path, [])
+        return Repair(kept=kept, record=record, problem=report.problem)
+
+
+@dataclass(frozen=True)
+class Repair:
+    """What ``bothy audit repair`` did: the file kept aside and the record starting the new one."""
+
+    kept: Path
+    record: AuditRecord
+    problem: str
+
+
+# -- segments --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Link:
+    kept: Path
+    seq: int
+    hash: str
+
+
+def _repair_link(path: Path) -> _Link | None:
+    """The earlier segment a file's first record names, if that record is a repair."""
+    try:
+        with path.open("rb") as f:
+            first = f.readline()
+    except OSError:
+        return None
+    parsed = parse_line(first.rstrip(b"\n"))
+    if isinstance(parsed, str) or (parsed.kind, parsed.event) != (REPAIR_KIND, REPAIR_EVENT):
+        return None
+    kept, seq, digest = (parsed.details.get(k) for k in ("kept", "last_good_seq",
+                                                            "last_good_hash"))
+    if not isinstance(kept, str) or "/" in kept or not isinstance(seq, int) \
+            or not isinstance(digest, str):
+        return None
+    return _Link(kept=path.with_name(kept), seq=seq, hash=digest)
+
+
+def _verify_file(
+    path: Path, lock_path: Path | None, stop_after: int | None, depth: int
+) -> VerifyReport:
+    """Verify ``path`` (up to ``stop_after``), first the segments its repair record links to."""
+    link = _repair_link(path) if depth < _MAX_SEGMENTS else None
+    if link is None:
+        return verify_lines(lambda: _file_lines(path, lock_path), stop_after=stop_after)
+    if stop_after is not None and stop_after <= link.seq:
+        # The part of this file that counts lies wholly in the earlier segment.
+        return _verify_file(link.kept, None, stop_after, depth + 1)
+    earlier = _verify_file(link.kept, None, link.seq, depth + 1)
+    if not earlier.ok or (earlier.last_seq, earlier.last_hash) != (link.seq, link.hash):
+        problem = (earlier.problem if not earlier.ok else
+                   f"the kept segment {link.kept.name} no longer ends its good part at record "
+                   f"{link.seq:04d} with the hash the repair recorded")
+        return VerifyReport(ok=False, count=earlier.count, first_bad_seq=earlier.first_bad_seq,
+                            line_no=earlier.line_no, problem=problem,
+                            fault=earlier.fault or Fault.ALTERED, last_seq=earlier.last_seq,
+                            last_hash=earlier.last_hash, repaired_at=earlier.repaired_at)
+    here = verify_lines(lambda: _file_lines(path, lock_path), start_seq=link.seq,
+                        start_hash=link.hash, stop_after=stop_after)
+    return VerifyReport(ok=here.ok, count=earlier.count + here.count,
+                        first_bad_seq=here.first_bad_seq, line_no=here.line_no,
+                        problem=here.problem, fault=here.fault, last_seq=here.last_seq,
+                        last_hash=here.last_hash,
+                        repaired_at=(*earlier.repaired_at, link.seq + 1))
+
+
+def _file_lines(path: Path, lock_path: Path | None) -> Iterator[tuple[int, bytes]]:
+    """Numbered lines, as far as the file reached when no writer was mid-append.
+
+    With ``lock_path``, reading stops at the size seen under the writers' lock, so an append
+    in progress is never mistaken for a truncated record (without it: the caller holds it).
+    """
+    try:
+        f = path.open("rb")
+    except FileNotFoundError:
+        return
+    with f:
+        size = (_settled_size(lock_path, f.fileno()) if lock_path is not None
+                else os.fstat(f.fileno()).st_size)
+        offset = 0
+        for line_no, line in enumerate(f, start=1):
+            if offset + len(line) > size:
+                if offset < size:
+                    yield line_no, line[: size - offset]
+                return
+            offset += len(line)
+            yield line_no, line
+
+
+def _lines_from(fd: int, offset: int, size: int) -> Iterator[tuple[int, bytes]]:
+    """The lines between ``offset`` and ``size`` (line numbers count from the offset)."""
+    data = os.pread(fd, size - offset, offset) if size > offset else b""
+    yield from enumerate(io.BytesIO(data), start=1)
+
+
+# -- the checkpoint --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Checkpoint:
+    dev: int
+    ino: int
+    offset: int
+    seq: int
+    hash: str
+
+    def describes(self, fd: int, st: os.stat_result) -> bool:
+        """Same file, at least as long, and the record ending at the offset still ours."""
+        if (self.dev, self.ino) != (st.st_dev, st.st_ino) or not 0 < self.offset <= st.st_size:
+            return False
+        if os.pread(fd, 1, self.offset - 1) != b"\n":
+            return False
+        line = _last_line(fd, self.offset)
+        parsed = parse_line(line)
+        return (not isinstance(parsed, str) and parsed.seq == self.seq
+                and parsed.hash == self.hash
+                and hashlib.sha256(body_of(line)).hexdigest() == self.hash)
+
+
+def _against_anchor(
+    report: VerifyReport, point: _Checkpoint | None, where: Path
+) -> VerifyReport:
+    """A chain that verifies but ends before the head anchored in state lost its last records
+    (cut back to a record boundary, or replaced by an older copy)."""
+    if not report.ok or point is None or point.seq <= report.last_seq:
+        return report
+    first, last = report.last_seq + 1, point.seq
+    what = (f"record {first:04d} is missing" if first == last
+            else f"records {first:04d}–{last:04d} are missing")
+    return replace(report, ok=False, fault=Fault.MISSING, first_bad_seq=first, problem=(
+        f"{what} from the end: the register stops at {report.last_seq:04d} but its head "
+        f"anchored in {where.name} is {last:04d}"))
+
+
+def _read_checkpoint(path: Path) -> _Checkpoint | None:
+    """The checkpoint, or None when absent or unreadable (then the whole chain is verified)."""
+    try:
+        data = json.loads(path.read_bytes())
+        point = _Checkpoint(dev=data["dev"], ino=data["ino"], offset=data["offset"],
+                            seq=data["seq"], hash=data["hash"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not all(isinstance(v, int) for v in (point.dev, point.ino, point.offset, point.seq)):
+        return None
+    return point
+
+
+def _write_checkpoint(path: Path, st: os.stat_result, seq: int, digest: str) -> None:
+    """Rewrite the checkpoint (no fsync: one lost or behind only costs a longer verify)."""
+    data = json.dumps({"dev": st.st_dev, "ino": st.st_ino, "offset": st.st_size, "seq": seq,
+                       "hash": digest}).encode()
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, _FILE_MODE)
         try:
-            f = self.path.open("rb")
-        except FileNotFoundError:
-            return
-        with f:
-            size = _settled_size(self._lock_path, f.fileno())
-            offset = 0
-            for line_no, line in enumerate(f, start=1):
-                if offset + len(line) > size:
-                    if offset < size:
-                        yield line_no, line[: size - offset]
-                    return
-                offset += len(line)
-                yield line_no, line
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        # The record is durable; without a checkpoint the next process verifies it all.
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def _remove_checkpoint(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
 
 
 # -- input checks ----------------------------------------------------------------------------

@@ -42,6 +42,12 @@ class VerifyReport:
     line_no: int | None = None
     problem: str = ""
     fault: Fault | None = None
+    # The last good record (seq 0 and the genesis hash when there is none): where a repair
+    # starts its new segment, and where a checkpoint stands.
+    last_seq: int = 0
+    last_hash: str = GENESIS_HASH
+    # The seqs at which a segment was started by ``bothy audit repair``, oldest first.
+    repaired_at: tuple[int, ...] = ()
 
     def describe(self) -> str:
         """One sentence for ``bothy doctor`` and ``bothy audit verify``."""
@@ -50,16 +56,29 @@ class VerifyReport:
         return f"audit chain broken after {self.count} good records: {self.problem}"
 
 
-def verify_lines(lines: Lines) -> VerifyReport:
-    """Check the whole chain ``lines()`` yields and name the first problem; never raises."""
-    verifier = ChainVerifier()
+def verify_lines(
+    lines: Lines,
+    *,
+    start_seq: int = 0,
+    start_hash: str = GENESIS_HASH,
+    stop_after: int | None = None,
+) -> VerifyReport:
+    """Check the chain ``lines()`` yields and name the first problem; never raises.
+
+    ``start_seq``/``start_hash``: the record the first line must follow (a checkpoint, or the
+    last good record before a repaired segment). ``stop_after``: stop once that seq verified.
+    """
+    verifier = ChainVerifier(start_seq=start_seq, start_hash=start_hash)
     for line_no, raw in lines():
+        if stop_after is not None and verifier.last_seq >= stop_after:
+            break
         finding = verifier.feed(line_no, raw)
         if finding is not None:
             if finding.fault is Fault.MISSING:
                 finding = _tell_missing_from_reordered(finding, lines())
-            return finding.report(verifier.count)
-    return VerifyReport(ok=True, count=verifier.count)
+            return finding.report(verifier)
+    return VerifyReport(ok=True, count=verifier.count, last_seq=verifier.last_seq,
+                        last_hash=verifier.last_hash)
 
 
 @dataclass(frozen=True)
@@ -72,27 +91,29 @@ class _Finding:
     expected_seq: int | None = None
     found_seq: int | None = None
 
-    def report(self, count: int) -> VerifyReport:
+    def report(self, verifier: ChainVerifier) -> VerifyReport:
         return VerifyReport(
             ok=False,
-            count=count,
+            count=verifier.count,
             first_bad_seq=self.seq,
             line_no=self.line_no,
             problem=self.problem,
             fault=self.fault,
+            last_seq=verifier.last_seq,
+            last_hash=verifier.last_hash,
         )
 
 
 class ChainVerifier:
     """Feeds on lines in order; returns the first finding. ``count`` = records verified."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, start_seq: int = 0, start_hash: str = GENESIS_HASH) -> None:
         self.count = 0
-        self._last_seq = 0
-        self._last_hash = GENESIS_HASH
+        self.last_seq = start_seq
+        self.last_hash = start_hash
 
     def feed(self, line_no: int, raw: bytes) -> _Finding | None:
-        expected = self._last_seq + 1
+        expected = self.last_seq + 1
         if not raw.endswith(b"\n"):
             return _Finding(
                 Fault.TRUNCATED,
@@ -117,11 +138,11 @@ class ChainVerifier:
             )
         if seq != expected:
             return self._out_of_sequence(line_no, seq, expected)
-        if fields["prev"] != self._last_hash:
+        if fields["prev"] != self.last_hash:
             return _Finding(Fault.REORDERED, line_no, seq, _broken_link_problem(seq, line_no))
         self.count += 1
-        self._last_seq = seq
-        self._last_hash = digest
+        self.last_seq = seq
+        self.last_hash = digest
         return None
 
     def _out_of_sequence(self, line_no: int, seq: int, expected: int) -> _Finding:
@@ -131,7 +152,7 @@ class ChainVerifier:
                 line_no,
                 seq,
                 f"record {seq:04d} is out of order at line {line_no}: "
-                f"it follows {self._last_seq:04d}",
+                f"it follows {self.last_seq:04d}",
             )
         # A gap: records were deleted, or moved further down. The caller looks ahead to decide.
         return _Finding(

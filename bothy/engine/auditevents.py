@@ -62,6 +62,8 @@ EVENTS = EventTable({
     "question": ("answered", "timed_out", "stopped", "declined"),  # asked: `run question`
     "answer": ("received", "ignored", "late"),
     "mcp": ("failed",),
+    # The register itself: a broken one set aside by `bothy audit repair`.
+    "audit": ("repaired",),
     # Somebody should know.
     "alert": ("sent", "undelivered", "suppressed"),
     # The daemon and its doors.
