@@ -85,6 +85,7 @@ def _parser() -> argparse.ArgumentParser:
 
     _schedule_parser(commands)
     _sop_parser(commands)
+    _memory_parser(commands)
 
     status = commands.add_parser("status", help="what is running, queued and spent")
     status.add_argument("--json", action="store_true")
@@ -142,6 +143,21 @@ def _sop_parser(commands: Any) -> None:
     put.add_argument("name")
     put.add_argument("stdin", nargs="?", metavar="-", help="read the text from standard input")
     put.add_argument("--file", help="read the text from this file")
+
+
+def _memory_parser(commands: Any) -> None:
+    memory = commands.add_parser("memory", help="what profiles' memory holds; undo a dream")
+    actions = memory.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    show = actions.add_parser("show", help="persona, notes and sizes of each memory profile")
+    search = actions.add_parser("search", help="search the day notes")
+    search.add_argument("query")
+    search.add_argument("--limit", type=int, default=20, help="at most this many results")
+    preimages = actions.add_parser("preimages", help="what dreams and restores replaced")
+    for reader in (show, search, preimages):
+        reader.add_argument("--profile", help="only this profile")
+        reader.add_argument("--json", action="store_true")
+    restore = actions.add_parser("restore", help="put a preimage back (keeping one of now)")
+    restore.add_argument("preimage", help="a preimage id, from bothy memory preimages")
 
 
 def _config_exit(command: str, message: str) -> int:
@@ -248,6 +264,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         "serve": commands.cmd_daemon,
         "schedule": commands.cmd_schedule,
         "sop": commands.cmd_sop,
+        "memory": commands.cmd_memory,
     }[args.command]
     try:
         return int(asyncio.run(handler(args)))
