@@ -48,7 +48,7 @@ _FORMATS: tuple[tuple[str, re.Pattern[str]], ...] = (
 # keyword, an operator, then a value; the value must also be long and high in entropy so
 # that "the token: refreshed" or "password = see the runbook" pass.
 _KEYWORD_VALUE = re.compile(
-    r"(?i)\b(?:api[_-]?key|access[_-]?key|secret|token|passw(?:or)?d|passwd|pwd|credentials?"
+    r"(?i)(?<![a-z0-9])(?:api[_-]?key|access[_-]?key|secret|token|passw(?:or)?d|passwd|pwd|credentials?"
     r"|auth)[\w-]{0,20}[\"']?\s*[:=]\s*[\"']?([^\s\"',;]{10,200})"
 )
 _MIN_VALUE_ENTROPY_BITS = 3.2
