@@ -21,8 +21,9 @@ from bench._util import figure, median, percentile, scratch
 NOTES = 10_000
 SEARCHES = 300
 WRITES = 200
-_WORDS = ("deploy backup staging host bucket certificate rotation disk latency outage"
-          " runbook ticket customer invoice migration cron alert webhook poll thread").split()
+_WORDS = ["deploy", "backup", "staging", "host", "bucket", "certificate", "rotation", "disk",
+          "latency", "outage", "runbook", "ticket", "customer", "invoice", "migration", "cron",
+          "alert", "webhook", "poll", "thread"]
 
 
 def _stores() -> tuple[object, object, str]:
