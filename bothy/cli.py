@@ -117,6 +117,8 @@ def _schedule_parser(commands: Any) -> None:
     what.add_argument("--sop", help="follow this written procedure (see bothy sop list)")
     what.add_argument("--heartbeat", action="store_true",
                       help="look over the standing checklist; NO_REPLY when all is well")
+    what.add_argument("--dream", action="store_true",
+                      help="fold the day notes of --profile (memory on) into MEMORY.md, USER.md")
     add.add_argument("--profile", help="grant the tools of this profile")
     check = add.add_mutually_exclusive_group()
     check.add_argument("--verify-cmd", metavar="ARGV",

@@ -55,7 +55,7 @@ from bothy.sops import SopLibrary
 from bothy.wakes.inbox import Accepted, Delivery, Inbox
 
 SOURCE = "schedule"
-KINDS = ("prompt", "sop", "heartbeat")
+KINDS = ("prompt", "sop", "heartbeat", "dream")
 HEARTBEAT_INSTRUCTION = "If nothing needs attention, reply exactly NO_REPLY."
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$")
 _SYNC_EVERY_S = 30  # schedules added or removed while bothy serve runs are picked up this fast
@@ -433,6 +433,9 @@ async def schedule_request(
     """The run a fire of ``schedule`` asks for: operator-written, so trusted; nobody to ask."""
     if schedule.profile is not None and schedule.profile not in cfg.profiles:
         return Unrunnable(f"its profile {schedule.profile!r} is no longer configured")
+    if schedule.kind == "dream" and (schedule.profile is None
+                                     or cfg.profiles[schedule.profile].memory is None):
+        return Unrunnable(f"its profile {schedule.profile!r} no longer has memory on")
     prompt = await _prompt(schedule, home)
     if isinstance(prompt, Unrunnable):
         return prompt
@@ -446,6 +449,7 @@ async def schedule_request(
         can_hold=False,  # nobody is in a thread to answer: questions decline at once
         verify=schedule.verification(),
         ref=schedule.ref,
+        dream=schedule.kind == "dream",
     )
 
 
@@ -458,6 +462,9 @@ async def _prompt(schedule: Schedule, home: BothyHome) -> str | Unrunnable:
             f"Standing checklist:\n{checklist or '(the checklist is empty)'}\n\n"
             f"{HEARTBEAT_INSTRUCTION}"
         )
+    if schedule.kind == "dream":
+        # The memory session writes the dream's prompt from the files as the run begins.
+        return f"Scheduled memory consolidation ({schedule.name}) of profile {schedule.profile}."
     if schedule.kind == "sop":
         assert schedule.sop is not None
         text = await asyncio.to_thread(SopLibrary(home.sops_dir).read, schedule.sop)
