@@ -75,8 +75,12 @@ def probe_fts5(connect: Callable[[], sqlite3.Connection] | None = None) -> str |
 
 
 def fts_query(query: str) -> str:
-    """``query`` as an FTS5 expression: each whitespace-separated token a quoted phrase."""
-    return " ".join('"' + token.replace('"', '""') + '"' for token in query.split())
+    """``query`` as an FTS5 expression: each whitespace-separated token a quoted phrase.
+
+    NUL ends a string for SQLite's FTS5 parser ("unterminated string"): it is dropped.
+    """
+    tokens = [token.replace("\x00", "") for token in query.split()]
+    return " ".join('"' + token.replace('"', '""') + '"' for token in tokens if token)
 
 
 @dataclass(frozen=True)
@@ -157,7 +161,7 @@ class SearchIndex:
 
     def search(self, query: str, *, limit: int = 10) -> list[Note]:
         """The notes matching every token of ``query``, best first (FTS5) or newest first."""
-        if not query.split():
+        if not query.replace("\x00", "").split():
             return []
         with self._db() as db:
             if self.fts5:
