@@ -202,6 +202,13 @@ class SearchIndex:
             ).fetchall()
         return [_note(row) for row in rows]
 
+    def days_before(self, day: str) -> list[str]:
+        """The days older than ``day`` that still have notes in the index."""
+        with self._db() as db:
+            rows = db.execute("SELECT DISTINCT day FROM notes WHERE day < ? ORDER BY day",
+                              (day,)).fetchall()
+        return [str(row[0]) for row in rows]
+
     def get_meta(self, key: str, default: str) -> str:
         with self._db() as db:
             row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()

@@ -282,16 +282,11 @@ class MemoryStore:
         oldest = (today - timedelta(days=self.cfg.memory_retention_days)).isoformat()
         with self.locked():
             old = [day for day in self.days() if day < oldest]
-            indexed_old = [day for day in self._indexed_days() if day < oldest]
+            indexed_old = self.index.days_before(oldest) if self.index.path.exists() else []
             for day in old:
                 (self.days_dir / f"{day}.md").unlink(missing_ok=True)
             self.index.forget_days(sorted({*old, *indexed_old}))
         return old
-
-    def _indexed_days(self) -> list[str]:
-        if not self.index.path.exists():
-            return []
-        return sorted({note.day for note in self.index.since(0, trusted_only=False)})
 
     # --- the dream and restores ---------------------------------------------------------
 
