@@ -236,7 +236,8 @@ def test_two_writers_at_once_lose_neither_entry(tmp_path: Path) -> None:
 
 QUERIES_WITH_PUNCTUATION = ["ACME-99", "it's", "gateway/run.py", "--force", "user@host",
                             "a,b", "why?", "#tag", "sp_new", '"quoted', "rm -rf", ".env",
-                            "NEAR", "AND OR", "col:umn", "(x)", "^start", "a*", "nul\x00byte", "\x00", '""']
+                            "NEAR", "AND OR", "col:umn", "(x)", "^start", "a*", "nul\x00byte",
+                            "\x00", '""']
 
 
 def test_search_finds_a_note_by_a_word_in_it_and_never_breaks_on_punctuation(
