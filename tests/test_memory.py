@@ -550,3 +550,30 @@ def test_refusals_are_values(tmp_path: Path) -> None:
     store = open_store(memory_site(tmp_path))
 
     assert isinstance(store.edit("nowhere", []), Refused)
+
+
+async def test_a_state_database_from_before_dreams_takes_dream_schedules(tmp_path: Path) -> None:
+    """A schedules table made with the old CHECK is rebuilt with the dream kind, rows kept."""
+    from bothy.engine.state import StateDB
+
+    path = tmp_path / "old.sqlite3"
+    old = sqlite3.connect(path)
+    old.execute("CREATE TABLE schedules (name TEXT PRIMARY KEY, cron TEXT NOT NULL, kind TEXT"
+                " NOT NULL CHECK (kind IN ('prompt', 'sop', 'heartbeat')), prompt TEXT, sop TEXT,"
+                " profile TEXT, verify_argv TEXT, verify_regex TEXT, max_usd_micros INTEGER,"
+                " created_us INTEGER NOT NULL, last_fire_us INTEGER, next_fire_us INTEGER)")
+    old.execute("INSERT INTO schedules (name, cron, kind, created_us) VALUES"
+                " ('hb', '0 * * * *', 'heartbeat', 1)")
+    old.execute("PRAGMA user_version = 7")
+    old.commit()
+    old.close()
+
+    async with StateDB.open(path):
+        pass
+    db = sqlite3.connect(path)
+    db.execute("INSERT INTO schedules (name, cron, kind, profile, created_us) VALUES"
+               " ('nightly', '0 3 * * *', 'dream', 'ops', 2)")
+    kinds = db.execute("SELECT name, kind FROM schedules ORDER BY name").fetchall()
+    db.close()
+
+    assert kinds == [("hb", "heartbeat"), ("nightly", "dream")]
