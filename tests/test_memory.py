@@ -564,7 +564,7 @@ async def test_a_state_database_from_before_dreams_takes_dream_schedules(tmp_pat
                 " created_us INTEGER NOT NULL, last_fire_us INTEGER, next_fire_us INTEGER)")
     old.execute("INSERT INTO schedules (name, cron, kind, created_us) VALUES"
                 " ('hb', '0 * * * *', 'heartbeat', 1)")
-    old.execute("PRAGMA user_version = 7")
+    old.execute("PRAGMA user_version = 8")
     old.commit()
     old.close()
 

@@ -24,7 +24,7 @@ import aiosqlite
 
 from bothy.errors import StateCorruptError, StateError
 
-_SCHEMA_VERSION = 8
+_SCHEMA_VERSION = 9
 _BUSY_TIMEOUT_MS = 30_000
 
 _SCHEMA = """
@@ -271,7 +271,7 @@ class StateDB:
                 await self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     async def _allow_dream_schedules(self) -> None:
-        """Version 8: a schedules table made before dreams existed gets the new kind (SQLite
+        """Version 9: a schedules table made before dreams existed gets the new kind (SQLite
         cannot alter a CHECK constraint: the table is copied into one that has it)."""
         async with self._db.execute(
             "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'schedules'"
