@@ -361,7 +361,7 @@ async def test_an_untrusted_run_gets_writing_tools_only_with_allow_from_untruste
         serving = await start_serve(shell)
         await queued(serving, github.pull_request_opened(42))
         await until(lambda: bool(audit_records(
-            site, lambda r: (r.kind, r.event, r.outcome) == ("run", "finished", "completed"))),
+            site, lambda r: (r.kind, r.event, r.outcome) == ("run", "finished", "ok"))),
             "the webhook run completed")
         assert await serving.stop() == 0
 
