@@ -86,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
     _schedule_parser(commands)
     _sop_parser(commands)
+    _memory_parser(commands)
 
     status = commands.add_parser("status", help="what is running, queued and spent")
     status.add_argument("--json", action="store_true")
@@ -147,6 +148,8 @@ def _schedule_parser(commands: Any) -> None:
     what.add_argument("--sop", help="follow this written procedure (see bothy sop list)")
     what.add_argument("--heartbeat", action="store_true",
                       help="look over the standing checklist; NO_REPLY when all is well")
+    what.add_argument("--dream", action="store_true",
+                      help="fold the day notes of --profile (memory on) into MEMORY.md, USER.md")
     add.add_argument("--profile", help="grant the tools of this profile")
     check = add.add_mutually_exclusive_group()
     check.add_argument("--verify-cmd", metavar="ARGV",
@@ -173,6 +176,21 @@ def _sop_parser(commands: Any) -> None:
     put.add_argument("name")
     put.add_argument("stdin", nargs="?", metavar="-", help="read the text from standard input")
     put.add_argument("--file", help="read the text from this file")
+
+
+def _memory_parser(commands: Any) -> None:
+    memory = commands.add_parser("memory", help="what profiles' memory holds; undo a dream")
+    actions = memory.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    show = actions.add_parser("show", help="persona, notes and sizes of each memory profile")
+    search = actions.add_parser("search", help="search the day notes")
+    search.add_argument("query")
+    search.add_argument("--limit", type=int, default=20, help="at most this many results")
+    preimages = actions.add_parser("preimages", help="what dreams and restores replaced")
+    for reader in (show, search, preimages):
+        reader.add_argument("--profile", help="only this profile")
+        reader.add_argument("--json", action="store_true")
+    restore = actions.add_parser("restore", help="put a preimage back (keeping one of now)")
+    restore.add_argument("preimage", help="a preimage id, from bothy memory preimages")
 
 
 def _config_exit(command: str, message: str) -> int:
@@ -289,6 +307,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         "schedule": commands.cmd_schedule,
         "sop": commands.cmd_sop,
         "trace": commands.cmd_trace,
+        "memory": commands.cmd_memory,
     }[args.command]
     try:
         return int(asyncio.run(handler(args)))

@@ -214,6 +214,31 @@ def _verdict_shape(value: object) -> object:
 Verdict = Annotated[Literal["proceed", "deny", "confirm"] | Guide, BeforeValidator(_verdict_shape)]
 
 
+class MemoryConfig(_Section):
+    """A profile's memory (SPEC §8): caps per file, in characters, and how long day notes live.
+
+    ``"memory": true`` in a profile means these defaults; an object sets some of them.
+    """
+
+    soul_chars: int = Field(default=6000, ge=100, le=100_000)
+    memory_chars: int = Field(default=4000, ge=100, le=100_000)
+    user_chars: int = Field(default=2000, ge=100, le=100_000)
+    note_chars: int = Field(default=2000, ge=50, le=20_000)
+    day_chars: int = Field(default=40_000, ge=1000, le=1_000_000)
+    memory_retention_days: int = Field(default=30, ge=1, le=3650)
+    search: Literal["fts5", "scan"] = "fts5"  # "scan" forces the case-insensitive scan
+
+
+def _memory_shape(value: object) -> object:
+    if value is True:
+        return MemoryConfig()
+    if value is False:
+        return None
+    if value is None or isinstance(value, (MemoryConfig, dict)):
+        return value
+    raise ValueError('expected true, false or an object such as {"memory_chars": 4000}')
+
+
 class ProfileConfig(_Section):
     """What a task may use beyond Codex's sandboxed built-ins, tool by tool."""
 
@@ -227,6 +252,7 @@ class ProfileConfig(_Section):
     question_hold_seconds: int = Field(default=120, ge=0, le=86400)
     allow_from_untrusted: bool = False
     cairn_brief: bool = True  # a run with --ref reads its task's brief from Cairn first
+    memory: Annotated[MemoryConfig | None, BeforeValidator(_memory_shape)] = None
 
     @field_validator("skills")
     @classmethod

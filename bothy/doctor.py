@@ -209,17 +209,16 @@ async def check_cairn(scene: Scene) -> Finding:
 
 
 async def check_memory_fts5(scene: Scene) -> Finding:
-    """Owned by the memory layer's author, who replaces this once memory exists."""
-    try:
-        db = sqlite3.connect(":memory:")
-        try:
-            db.execute("CREATE VIRTUAL TABLE probe USING fts5(body)")
-        finally:
-            db.close()
-    except sqlite3.OperationalError:
-        return warn("SQLite has no FTS5: search would use a case-insensitive scan"
-                    " (the memory layer is not built yet)")
-    return ok("SQLite has FTS5 (the memory layer that searches with it is not built yet)")
+    """The same probe memory search runs: create an FTS5 table, index a row, match it."""
+    from bothy.memory import probe_fts5
+
+    problem = await asyncio.to_thread(probe_fts5)
+    if problem is not None:
+        return warn(f"FTS5 is missing ({problem}): memory search uses a case-insensitive scan")
+    forced = sorted(name for name, profile in (scene.cfg.profiles.items() if scene.cfg else [])
+                    if profile.memory is not None and profile.memory.search == "scan")
+    detail = "FTS5 search; missing FTS5 uses a case-insensitive scan"
+    return ok(detail + (f" (profiles forcing the scan: {', '.join(forced)})" if forced else ""))
 
 
 async def check_orphans(scene: Scene) -> Finding:

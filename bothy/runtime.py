@@ -43,10 +43,15 @@ class Runtime:
         return build_launch(self.cfg.codex)
 
     def supervisor(self, launch: Launch | None = None) -> Supervisor:
+        memory = None
+        if any(profile.memory is not None for profile in self.cfg.profiles.values()):
+            from bothy.memory import SiteMemory
+
+            memory = SiteMemory(self.home.root, self.cfg)
         return Supervisor(
             self.cfg, db=self.db, audit=self.audit, alerts=self.alerts,
             launch=launch or self.launch(),
-            clock=self.clock, checklist_path=self.home.checklist_path,
+            clock=self.clock, checklist_path=self.home.checklist_path, memory=memory,
         )
 
     def recovery(self) -> Recovery:

@@ -60,7 +60,8 @@ async def test_doctor_on_a_healthy_site_prints_the_pages_eight_lines(tmp_path: P
     assert found["cairn reachable"] == (
         "warn", "cairn command 'cairn' not found on PATH — runs with --ref go on without a task"
                 " ledger")
-    assert "not built yet" in found["memory FTS5"][1]
+    assert found["memory FTS5"] == (
+        "ok", "FTS5 search; missing FTS5 uses a case-insensitive scan")
     assert found["no orphaned workers"] == (
         "ok", "0 process group(s) left by a previous instance")
     # Whether this machine's sandbox starts is the machine's business; a failure is a warning.
@@ -156,3 +157,15 @@ async def test_a_sandbox_that_cannot_start_is_a_warning(tmp_path: Path) -> None:
     assert done.code == 0, done.stdout + done.stderr
     assert ("[warn] sandbox can start: bwrap: loopback: Operation not permitted"
             f"{SHELL_WARNING}\n") in done.stdout
+
+
+@pytest.mark.codex
+async def test_doctor_names_the_profiles_that_force_the_memory_scan(tmp_path: Path) -> None:
+    """The FTS5 probe really ran ([ok ]), and profiles set to "search": "scan" are named."""
+    site = Site(tmp_path, "http://127.0.0.1:9/v1",
+                profiles={"ops": {"memory": {"search": "scan"}}, "chat": {"memory": True}})
+
+    found = checks(await site.bothy("doctor"))
+
+    assert found["memory FTS5"] == ("ok", "FTS5 search; missing FTS5 uses a case-insensitive"
+                                          " scan (profiles forcing the scan: ops)")

@@ -444,7 +444,7 @@ async def test_schedule_add_list_rm_through_the_cli(tmp_path: Path) -> None:
     (["schedule", "add", "x", "--cron", "0 3 * * *", "--prompt", "hi", "--heartbeat"],
      "bothy: error: argument --heartbeat: not allowed with argument --prompt"),
     (["schedule", "add", "x", "--cron", "0 3 * * *"],
-     "bothy: error: one of the arguments --prompt --sop --heartbeat is required"),
+     "bothy: error: one of the arguments --prompt --sop --heartbeat --dream is required"),
     (["schedule", "add", "x", "--cron", "0 3 * * *", "--prompt", "  "],
      "bothy: --prompt is empty"),
     (["schedule", "add", "no/way", "--cron", "0 3 * * *", "--heartbeat"],

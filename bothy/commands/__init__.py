@@ -4,6 +4,7 @@ Heavy imports (the engine, pydantic models) happen inside the command that needs
 """
 
 from bothy.commands.foreground import cmd_answer, cmd_cancel, cmd_run
+from bothy.commands.memory import cmd_memory
 from bothy.commands.operate import (
     cmd_audit,
     cmd_checklist,
@@ -21,6 +22,7 @@ __all__ = [
     "cmd_checklist",
     "cmd_daemon",
     "cmd_doctor",
+    "cmd_memory",
     "cmd_profile",
     "cmd_run",
     "cmd_schedule",

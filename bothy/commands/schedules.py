@@ -72,7 +72,10 @@ async def _new_schedule(args: argparse.Namespace, home: BothyHome, cfg: Config) 
         missing = await asyncio.to_thread(SopLibrary(home.sops_dir).missing, args.sop)
         if missing:
             raise UsageError(f"--sop {args.sop}: {missing}")
-    kind = "heartbeat" if args.heartbeat else "sop" if args.sop is not None else "prompt"
+    kind = ("heartbeat" if args.heartbeat else "dream" if args.dream
+            else "sop" if args.sop is not None else "prompt")
+    if kind == "dream":
+        _dream_profile(args.profile, cfg)
     return Schedule(
         name=args.name, cron=args.cron, kind=kind, prompt=args.prompt, sop=args.sop,
         profile=check_profile(args.profile, cfg), verify_argv=_verify_argv(args.verify_cmd),
@@ -80,6 +83,16 @@ async def _new_schedule(args: argparse.Namespace, home: BothyHome, cfg: Config) 
         max_usd_micros=reservation_micros(args.max_usd, cfg) if args.max_usd is not None else None,
         ref=check_ref(args.ref),
     )
+
+
+def _dream_profile(name: str | None, cfg: Config) -> None:
+    """A dream consolidates one profile's memory: --profile must name one that has it."""
+    with_memory = sorted(n for n, p in cfg.profiles.items() if p.memory is not None)
+    if name is None or name not in with_memory:
+        known = ", ".join(with_memory) or 'none has "memory" on'
+        given = f" {name!r} has no memory" if name is not None else " is missing"
+        raise UsageError(f"--dream needs --profile naming a profile with memory on: --profile"
+                         f"{given} (profiles with memory: {known})")
 
 
 def _verify_argv(command: str | None) -> list[str] | None:

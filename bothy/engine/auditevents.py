@@ -75,6 +75,9 @@ EVENTS = EventTable({
     # Chat platforms and conversations.
     "chat": ("refused", "react-failed", "thread-failed", "post-failed", "lost"),
     "thread": ("resume-failed",),
+    # A profile's memory: loaded into a run, used by its tools, pruned, restored by hand.
+    "memory": ("loaded", "written", "refused", "read", "applied", "pruned", "left-out",
+               "restored"),
     # A run's task in Cairn (docs/CAIRN.md).
     "cairn": ("claimed", "claim_failed", "briefed", "brief_failed", "noted", "note_failed",
               "released", "release_failed", "ref_refused"),

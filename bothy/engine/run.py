@@ -87,6 +87,7 @@ class RunRequest:
     keep_thread: bool = False  # save the Codex thread so a later run can resume it
     resume_thread: str | None = None  # continue this kept Codex thread (a chat conversation)
     ref: str | None = None  # the run's task in Cairn (docs/CAIRN.md); checked by the supervisor
+    dream: bool = False  # a memory consolidation of ``profile`` (bothy schedule add --dream)
 
     @classmethod
     def for_wake(
@@ -106,6 +107,7 @@ class RunRequest:
         keep_thread: bool = False,
         resume_thread: str | None = None,
         ref: str | None = None,
+        dream: bool = False,
     ) -> RunRequest:
         """The run a wake asks for, under the configured limits. What a job or schedule asks
         to reserve is capped at ``budget.per_run_usd``, not refused: nobody is there to be told
@@ -117,7 +119,7 @@ class RunRequest:
             wall_clock_s=cfg.limits.wall_clock_s, max_tokens=cfg.limits.max_tokens,
             profile=profile, trusted=trusted, can_hold=can_hold, run_id=run_id,
             wake_details=details, verify=verify, keep_thread=keep_thread,
-            resume_thread=resume_thread, ref=ref,
+            resume_thread=resume_thread, ref=ref, dream=dream,
         )
 
 

@@ -24,7 +24,7 @@ import aiosqlite
 
 from bothy.errors import StateCorruptError, StateError
 
-_SCHEMA_VERSION = 8
+_SCHEMA_VERSION = 9
 _BUSY_TIMEOUT_MS = 30_000
 
 _SCHEMA = """
@@ -116,7 +116,7 @@ CREATE INDEX IF NOT EXISTS wakes_by_status ON wakes (status, received_us);
 CREATE TABLE IF NOT EXISTS schedules (
     name           TEXT PRIMARY KEY,
     cron           TEXT NOT NULL,
-    kind           TEXT NOT NULL CHECK (kind IN ('prompt', 'sop', 'heartbeat')),
+    kind           TEXT NOT NULL CHECK (kind IN ('prompt', 'sop', 'heartbeat', 'dream')),
     prompt         TEXT,
     sop            TEXT,
     profile        TEXT,
@@ -254,6 +254,7 @@ class StateDB:
                     if statement.strip():
                         await self._db.execute(statement)
                 await self._add_missing_columns()
+                await self._allow_dream_schedules()
                 await self._db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
         except sqlite3.Error as exc:
             if corrupt := StateCorruptError.from_sqlite(path, exc):
@@ -268,6 +269,24 @@ class StateDB:
             rows = await self.fetch_all(f"PRAGMA table_info({table})")
             if column not in {row["name"] for row in rows}:
                 await self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+
+    async def _allow_dream_schedules(self) -> None:
+        """Version 9: a schedules table made before dreams existed gets the new kind (SQLite
+        cannot alter a CHECK constraint: the table is copied into one that has it)."""
+        async with self._db.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'schedules'"
+        ) as cursor:
+            row = await cursor.fetchone()
+        if row is None or "'dream'" in str(row[0]):
+            return
+        await self._db.execute("ALTER TABLE schedules RENAME TO schedules_before_dreams")
+        create = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS schedules"):]
+        await self._db.execute(create[: create.index(";")])
+        rows = await self.fetch_all("PRAGMA table_info(schedules_before_dreams)")
+        columns = ", ".join(str(row["name"]) for row in rows)
+        await self._db.execute(f"INSERT INTO schedules ({columns})"
+                               f" SELECT {columns} FROM schedules_before_dreams")
+        await self._db.execute("DROP TABLE schedules_before_dreams")
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[StateDB]:

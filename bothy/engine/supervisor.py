@@ -12,7 +12,7 @@ import asyncio
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bothy.clock import Clock
 from bothy.config import Config
@@ -49,6 +49,10 @@ from bothy.engine.worker import ThreadInfo, Worker
 from bothy.errors import AppServerError, ProcessGroupError
 from bothy.money import format_usd
 
+if TYPE_CHECKING:
+    from bothy.memory.session import MemorySession
+    from bothy.memory.site import SiteMemory
+
 FINAL_TEXT_MAX_CHARS = 20_000
 STOPPED_BEFORE_START = "bothy stopped before the run started (it had no worker yet)"
 
@@ -72,8 +76,10 @@ class Supervisor:
         launch: Launch,
         clock: Clock,
         checklist_path: Path,
+        memory: SiteMemory | None = None,
     ) -> None:
         self._cfg = cfg
+        self._memory = memory
         self._checklist = Checklist(checklist_path)
         self._board = QuestionBoard(db, clock=clock)
         self._approvals = ApprovalStore(db, clock=clock)
@@ -276,7 +282,7 @@ class Supervisor:
     ) -> Toolbox:
         profile = self._cfg.profiles.get(request.profile) if request.profile else None
         mcp = None
-        if profile is not None and profile.mcp_servers:
+        if profile is not None and profile.mcp_servers and not request.dream:
             from bothy.engine.mcp import McpHost  # heavy: imported only by runs that use it
 
             async def on_group(server: str, record: GroupRecord) -> None:
@@ -295,16 +301,33 @@ class Supervisor:
         def hold_left_s() -> float:
             return max(0.0, deadline - asyncio.get_running_loop().time())
 
-        scope = RunScope(run_id, request.subject, request.profile, profile, request.trusted,
+        # A dream is offered the memory read tools and its proposal tool, nothing else.
+        granted = None if request.dream else profile
+        scope = RunScope(run_id, request.subject, request.profile, granted, request.trusted,
                          request.can_hold)
         return Toolbox(scope, audit=self._audit, board=self._board, approvals=self._approvals,
                        checklist=self._checklist, mcp=mcp, asker=asker, alerts=self._alerts,
-                       should_stop=should_stop, hold_left_s=hold_left_s, task=link)
+                       should_stop=should_stop, hold_left_s=hold_left_s, task=link,
+                       memory=self._memory_session(run_id, request))
+
+    def _memory_session(self, run_id: str, request: RunRequest) -> MemorySession | None:
+        """The run's memory, if its profile has it on (bothy.memory owns what it does)."""
+        profile = self._cfg.profiles.get(request.profile) if request.profile else None
+        store = self._memory.store(request.profile) if self._memory and request.profile else None
+        if store is None or profile is None:
+            return None
+        from bothy.memory.session import MemorySession
+
+        return MemorySession(store, run_id=run_id, trusted=request.trusted,
+                             allow_from_untrusted=profile.allow_from_untrusted,
+                             dream=request.dream)
 
     async def _converse(self, run_id: str, live: LiveRun, admitted: Admitted) -> RunEnd:
         request, worker = live.request, live.worker
         await worker.initialize()
         profile = self._cfg.profiles.get(request.profile) if request.profile else None
+        if request.dream:
+            profile = None  # a dream gets neither the profile's skills nor its sandbox
         if profile is not None and profile.skills:
             await worker.set_skill_roots([str(root) for root in profile.skills])
         thread = await self._thread(run_id, request, worker, live.toolbox,
@@ -314,7 +337,9 @@ class Supervisor:
         if isinstance(price, Refused):
             await self._refused(run_id, request.subject, price)
             return RunEnd(Outcome.REFUSED, price.sentence())
-        turn_id = await worker.start_turn(thread.thread_id, request.prompt,
+        memory = live.toolbox.memory
+        prompt = memory.prompt(request.prompt) if memory is not None else request.prompt
+        turn_id = await worker.start_turn(thread.thread_id, prompt,
                                           traceparent=traceparent(run_id))
         await self._turn_started(run_id, request.subject, thread.model, turn_id, worker,
                                  thread_id=thread.thread_id)

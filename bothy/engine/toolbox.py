@@ -36,6 +36,7 @@ from bothy.engine.verdicts import (
 
 if TYPE_CHECKING:  # the MCP SDK takes half a second to import: only runs that use it pay
     from bothy.engine.mcp import HostedTool, McpHost, McpProblem
+    from bothy.memory.session import MemorySession
 
 # What a tool result may carry to the model; the rest is cut with a marker (see _cut).
 TOOL_RESULT_MAX_CHARS = 100_000
@@ -84,6 +85,7 @@ class Toolbox:
         should_stop: Callable[[], Awaitable[str | None]],
         hold_left_s: Callable[[], float],
         task: TaskLink | None = None,
+        memory: MemorySession | None = None,
     ) -> None:
         self._scope = scope
         self._audit = audit
@@ -96,6 +98,7 @@ class Toolbox:
         self._should_stop = should_stop
         self._hold_left_s = hold_left_s
         self._task = task  # the run's task in Cairn, for bothy_note
+        self.memory = memory  # the profile's memory, when it has it (bothy.memory)
         self.verdicts = VerdictEngine(
             scope.profile_name, scope.profile, approvals,
             trusted=scope.trusted, can_hold=scope.can_hold,
@@ -106,7 +109,10 @@ class Toolbox:
         self._problems_audited: set[McpProblem] = set()
 
     async def start(self) -> None:
-        """Start the profile's MCP servers; audit each one that could not start."""
+        """Prepare the run's memory; start the profile's MCP servers, auditing each one that
+        could not start."""
+        if self.memory is not None:
+            await self._begin_memory(self.memory)
         if self._mcp is None:
             return
         await self._mcp.start()
@@ -126,9 +132,34 @@ class Toolbox:
                 await self._record("mcp", "failed", "failed",
                                    {"server": problem.server, "problem": problem.message})
 
+    async def _begin_memory(self, memory: MemorySession) -> None:
+        """Prune old notes; audit (and alert once) each file kept out of the prompt."""
+        begun = await asyncio.to_thread(memory.begin)
+        profile = memory.store.profile
+        if begun.pruned_days:
+            await self._record("memory", "pruned", "ok",
+                               {"profile": profile, "days": begun.pruned_days})
+        for left in begun.left_out:
+            await self._record("memory", "left-out", "failed",
+                               {"profile": profile, "file": left.name, "rule": left.problem})
+            if left.first_time:
+                await self._alerts.raise_alert(
+                    "memory", f"{left.name} of profile {profile} was left out of the prompt"
+                    f" ({left.problem}): fix it by hand", subject=self._scope.subject,
+                    run_id=self._scope.run_id)
+        await self._record("memory", "loaded", "ok",
+                           {"profile": profile, "files": begun.in_prompt,
+                            "tools": sorted(memory.offered),
+                            "dream": begun.dream is not None})
+
     def dynamic_tools(self) -> list[dict[str, Any]]:
-        """The dynamic tools offered to Codex: only what the profile grants."""
+        """The dynamic tools offered to Codex: only what the profile grants, and the memory
+        tools of a profile with memory (offered without being listed under ``tools``)."""
         specs: list[dict[str, Any]] = []
+        if self.memory is not None:
+            from bothy.memory import tool_specs
+
+            specs += tool_specs(self.memory.offered)
         if self.verdicts.grants("bothy_checklist"):
             specs.append(CHECKLIST_SPEC)
         if self.verdicts.grants("bothy_note"):
@@ -211,6 +242,8 @@ class Toolbox:
         if not isinstance(name, str) or not name:
             return False, "the call names no tool"
         qualified = f"{namespace}.{name}" if isinstance(namespace, str) and namespace else name
+        if qualified.startswith("bothy_memory"):
+            return await self._memory_call(qualified, arguments)
         hosted = self._hosted(qualified)
         qualified = hosted.qualified if hosted else qualified
         if qualified == "bothy_checklist":
@@ -246,6 +279,24 @@ class Toolbox:
         if not isinstance(text, str):
             return False, "bothy_note needs a 'text' string"
         return await self._task.note_from_model(text)
+
+    async def _memory_call(self, name: str, arguments: Any) -> tuple[bool, str]:
+        """A memory tool call: audited by target, rule and length, never by its text."""
+        memory = self.memory
+        if memory is None or memory.tools is None:
+            await self._record("memory", "refused", "refused", {"tool": name, "rule": "memory-off"})
+            return False, f"the tool '{name}' is not available: this profile has no memory"
+        if name in memory.withheld:
+            await self._record("memory", "refused", "refused", {"tool": name, "rule": "untrusted"})
+            return False, (f"'{name}' is withheld in runs started by untrusted input"
+                           " (the profile does not set allow_from_untrusted)")
+        outcome = await asyncio.to_thread(memory.tools.call, name, arguments)
+        await self._record("memory", outcome.event, "ok" if outcome.success else "refused",
+                           {"profile": memory.store.profile, **outcome.details})
+        if outcome.alert is not None:
+            await self._alerts.raise_alert("memory", outcome.alert, subject=self._scope.subject,
+                                           run_id=self._scope.run_id)
+        return outcome.success, outcome.text
 
     def _hosted(self, called: str) -> HostedTool | None:
         """The MCP tool a call names, by its offered (flat) name or its qualified name."""

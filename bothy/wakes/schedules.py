@@ -39,7 +39,7 @@ from bothy.home import BothyHome
 from bothy.sops import SopLibrary
 
 SOURCE = "schedule"
-KINDS = ("prompt", "sop", "heartbeat")
+KINDS = ("prompt", "sop", "heartbeat", "dream")
 HEARTBEAT_INSTRUCTION = "If nothing needs attention, reply exactly NO_REPLY."
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$")
 _ONE_US = timedelta(microseconds=1)
@@ -256,6 +256,9 @@ async def schedule_request(
     """The run a fire of ``schedule`` asks for: operator-written, so trusted; nobody to ask."""
     if schedule.profile is not None and schedule.profile not in cfg.profiles:
         return Unrunnable(f"its profile {schedule.profile!r} is no longer configured")
+    if schedule.kind == "dream" and (schedule.profile is None
+                                     or cfg.profiles[schedule.profile].memory is None):
+        return Unrunnable(f"its profile {schedule.profile!r} no longer has memory on")
     prompt = await _prompt(schedule, home)
     if isinstance(prompt, Unrunnable):
         return prompt
@@ -269,6 +272,7 @@ async def schedule_request(
         can_hold=False,  # nobody is in a thread to answer: questions decline at once
         verify=schedule.verification(),
         ref=schedule.ref,
+        dream=schedule.kind == "dream",
     )
 
 
@@ -281,6 +285,9 @@ async def _prompt(schedule: Schedule, home: BothyHome) -> str | Unrunnable:
             f"Standing checklist:\n{checklist or '(the checklist is empty)'}\n\n"
             f"{HEARTBEAT_INSTRUCTION}"
         )
+    if schedule.kind == "dream":
+        # The memory session writes the dream's prompt from the files as the run begins.
+        return f"Scheduled memory consolidation ({schedule.name}) of profile {schedule.profile}."
     if schedule.kind == "sop":
         assert schedule.sop is not None
         text = await asyncio.to_thread(SopLibrary(home.sops_dir).read, schedule.sop)
