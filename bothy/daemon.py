@@ -20,7 +20,7 @@ import enum
 import fcntl
 import json
 import os
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -303,33 +303,30 @@ async def _refuse_a_broken_register(audit: AuditLog) -> None:
 def serve_holding(lock_path: Path, *, doing: str) -> Iterator[None]:
     """Hold ``bothy serve``'s single-instance lock while ``doing`` something it must not see;
     refused (TemporaryFailure) while a daemon runs."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise TemporaryFailure(
-                f"refusing to {doing} while bothy serve (pid {holder}) runs: stop it first"
-            ) from None
+    with _serve_lock(lock_path, lambda holder: (
+            f"refusing to {doing} while bothy serve (pid {holder}) runs: stop it first")):
         yield
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager
 def _single_instance(lock_path: Path) -> Iterator[None]:
+    with _serve_lock(lock_path, lambda holder: (
+            f"another bothy serve (pid {holder}) holds {lock_path}; not starting a second")) as fd:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+
+
+@contextlib.contextmanager
+def _serve_lock(lock_path: Path, refusal: Callable[[str], str]) -> Iterator[int]:
+    """The serve lock, held until the block ends; ``refusal(holder pid)`` if another has it."""
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise TemporaryFailure(
-                f"another bothy serve (pid {holder}) holds {lock_path}; not starting a second"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
+            raise TemporaryFailure(refusal(holder)) from None
+        yield fd
     finally:
         os.close(fd)
