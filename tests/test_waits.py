@@ -35,7 +35,10 @@ async def test_first_of_says_which_came_first_and_ends_only_the_waits_it_started
 
 async def test_first_of_returns_when_the_callers_task_ends_first() -> None:
     """The dispatcher's case: a wake's task that ends before its admission releases the wait."""
-    ended = asyncio.create_task(asyncio.sleep(0))
+    async def ends_at_once() -> None:
+        return None
+
+    ended = asyncio.create_task(ends_at_once())
     async with asyncio.timeout(BOUND_S):
         assert await first_of(asyncio.Event().wait(), ended) == 1
     assert ended.done() and not ended.cancelled()
