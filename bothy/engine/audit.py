@@ -46,6 +46,7 @@ from bothy.engine.auditrecord import (
     GENESIS_HASH,
     AuditRecord,
     body_of,
+    canonical_details_json,
     format_ts,
     parse_line,
     serialise_body,
@@ -149,7 +150,8 @@ class AuditLog:
             if optional is not None:
                 _check_token(name, optional)
         self._events.check(kind, event)
-        return _Entry(kind, event, outcome, subject, run_id, _canonical_details(details))
+        copied, text = _canonical_details(details)
+        return _Entry(kind, event, outcome, subject, run_id, copied, text)
 
     async def _commit_in_thread(self, entries: list[_Entry]) -> list[AuditRecord]:
         return await asyncio.to_thread(self._commit, entries)
@@ -205,7 +207,7 @@ class AuditLog:
             body = serialise_body(
                 seq=seq, ts=format_ts(ts), kind=entry.kind, event=entry.event,
                 outcome=entry.outcome, subject=entry.subject, run_id=entry.run_id,
-                details=entry.details, prev=prev,
+                details=entry.details, prev=prev, details_json=entry.details_json,
             )
             digest = hashlib.sha256(body).hexdigest()
             lines.append(with_hash(body, digest) + b"\n")
@@ -373,7 +375,7 @@ class AuditLog:
             details = {"kept": kept.name, "last_good_seq": report.last_seq,
                        "last_good_hash": report.last_hash, "problem": report.problem}
             [record] = self._append_locked(
-                [_Entry(REPAIR_KIND, REPAIR_EVENT, "ok", None, None, details)],
+                [_Entry(REPAIR_KIND, REPAIR_EVENT, "ok", None, None, *_canonical_details(details))],
                 after=(report.last_seq, report.last_hash))
             _fsync_new_entries(self.path, [])
         return Repair(kept=kept, record=record, problem=report.problem)
@@ -565,18 +567,19 @@ def _check_token(name: str, value: str) -> None:
         raise ValueError(f"audit {name} must be a non-empty single token, got {value!r}")
 
 
-def _canonical_details(details: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A private copy of ``details`` with keys sorted at every level, as it will be stored."""
+def _canonical_details(details: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:
+    """A private copy of ``details`` with keys sorted at every level, as it will be stored,
+    and its canonical JSON (the bytes the record's body will hold)."""
     if details is None:
-        return {}
+        return {}, "{}"
     if not isinstance(details, Mapping):
         raise ValueError(f"audit details must be a JSON object, got {type(details).__name__}")
     try:
-        text = json.dumps(dict(details), sort_keys=True, allow_nan=False)
+        text = canonical_details_json(details)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"audit details must be JSON-serialisable: {exc}") from exc
     copied: dict[str, Any] = json.loads(text)
-    return copied
+    return copied, text
 
 
 # -- files -----------------------------------------------------------------------------------
@@ -592,6 +595,7 @@ class _Entry:
     subject: str | None
     run_id: str | None
     details: dict[str, Any]
+    details_json: str
 
 
 @dataclass(frozen=True)
