@@ -3,7 +3,8 @@
 Start-up, in order: single-instance lock → state → audit → recovery (orphaned worker groups
 ended, wakes that never started queued again, wakes whose run was under way closed) →
 listeners → dispatcher → schedules (a fire missed while down is queued once, then the timers
-start). Shutdown runs in reverse: stop intake (listeners, the schedule timers, then the
+start); while ready, the register's head is published once a day (engine/headpublisher.py).
+Shutdown runs in reverse: stop intake (listeners, the schedule timers, then the
 dispatcher's intake) → let in-flight runs finish within ``wakes.shutdown_grace_s`` → ask them
 to stop (they interrupt, settle and reap their groups) → cancel what is left → final audit
 record. A second signal skips the waits. Signal handlers only record; the main task acts.
@@ -24,6 +25,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import httpx
 
@@ -34,6 +36,7 @@ from bothy.chat.conversation import Conversations
 from bothy.chat.router import ChatRouter
 from bothy.config import Config
 from bothy.engine.audit import AuditLog
+from bothy.engine.headpublisher import HeadPublisher
 from bothy.engine.procgroup import process_start_time
 from bothy.engine.questions import QuestionBoard
 from bothy.errors import AuditIntegrityError, BothyError, ConfigError, TemporaryFailure
@@ -82,6 +85,7 @@ class Daemon:
         self._hurry = asyncio.Event()
         self.ports: dict[str, int] = {}
         self.chat_state: dict[str, str] = {}
+        self._alerts_routed = False  # an alert channel is configured and connected
 
     async def serve(self) -> int:
         """Run until a stop signal; return the exit code of a clean stop."""
@@ -139,6 +143,9 @@ class Daemon:
                              http=http, environ=os.environ, cwd=self._cfg.workspace,
                              on_accepted=dispatcher.poke, alerts=rt.alerts)
                 group.create_task(_keep_polling(one, polls_stop, rt), name=f"poll-{name}")
+            heads = HeadPublisher(rt.audit, rt.alerts, post_heads=self._alerts_routed,
+                                  zone=ZoneInfo(self._cfg.budget.timezone), clock=rt.clock)
+            group.create_task(heads.run(polls_stop), name="audit-head")
             await self._stop.wait()
             self.state = State.DRAINING
             for listener in listeners:
@@ -220,6 +227,7 @@ class Daemon:
         if any(s is not None and s.alert_channel
                for s in (self._cfg.chat.slack, self._cfg.chat.discord)):
             rt.alerts.route_to(router.post_alert)
+            self._alerts_routed = True
         return _Chat(router, adapters)
 
     async def _drain(self, dispatcher: Dispatcher) -> None:
