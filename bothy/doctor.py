@@ -384,6 +384,30 @@ async def check_budget_mode(scene: Scene) -> Finding:
     return ok(f"{head}: {seen}")
 
 
+async def check_chat_connections(scene: Scene) -> Finding:
+    """Each chat connection of the running `bothy serve`: its last event and last answered
+    ping; a warning when one is silent past its `silent_after_s` or is being reconnected."""
+    if missing := scene.needs_config():
+        return missing
+    assert scene.cfg is not None
+    chat = scene.cfg.chat
+    configured = [name for name, section in (("slack", chat.slack), ("discord", chat.discord))
+                  if section is not None]
+    if not configured:
+        return ok("none configured")
+    from bothy.status import chat_connections, connection_line
+
+    shown = await asyncio.to_thread(chat_connections, scene.home, scene.cfg.budget.timezone)
+    if shown is None:
+        return ok(f"{', '.join(configured)}: bothy serve is not running (nothing to check)")
+    troubled = [name for name, entry in shown.items() if entry["state"] != "connected"
+                or (entry["silent_s"] or 0) > (entry["silent_after_s"] or float("inf"))]
+    unseen = [name for name in configured if name not in shown]
+    detail = "; ".join([connection_line(name, entry) for name, entry in shown.items()]
+                       + [f"{name}: nothing published yet" for name in unseen])
+    return (warn if troubled else ok)(detail)
+
+
 MORE_CHECKS: tuple[tuple[str, CheckFn], ...] = (
     ("config valid", check_config),
     ("config private", check_config_private),
@@ -391,4 +415,5 @@ MORE_CHECKS: tuple[tuple[str, CheckFn], ...] = (
     ("codex home", check_codex_home),
     ("prices", check_prices),
     ("budget mode", check_budget_mode),
+    ("chat connections", check_chat_connections),
 )

@@ -19,6 +19,10 @@ _SURFACE = {
     "Conversations": "bothy.chat.conversation",
     "SOURCE": "bothy.chat.conversation",
     "DiscordAdapter": "bothy.chat.discord",
+    "ConnectionView": "bothy.chat.liveness",
+    "Heard": "bothy.chat.liveness",
+    "Liveness": "bothy.chat.liveness",
+    "Watched": "bothy.chat.liveness",
     "ChatRouter": "bothy.chat.router",
     "SlackAdapter": "bothy.chat.slack",
 }
@@ -27,11 +31,15 @@ __all__ = [
     "ChatAdapter",
     "ChatMessage",
     "ChatRouter",
+    "ConnectionView",
     "Conversations",
     "DiscordAdapter",
+    "Heard",
+    "Liveness",
     "OnLost",
     "OnMessage",
     "SlackAdapter",
+    "Watched",
 ]
 
 
