@@ -29,11 +29,12 @@ session cannot be resumed (op 9 ``d: false``) never reaches Bothy at all. Reconn
 resuming are discord.py's: a dropped socket, a resumable close code, op 7 or op 9 ``d: true``
 lead to a RESUME on READY's ``resume_gateway_url``, and Discord replays what was missed.
 
-Outgoing messages are split with :func:`split_text` at :data:`DISCORD_MAX_CHARS` and each
+Outgoing text goes through ``chat/formatting.py`` (:func:`discord_pieces`: ``@everyone`` and
+``@here`` defused, pieces of at most 2,000 characters) and each
 piece carries a fresh ``nonce`` with ``enforce_nonce`` (discord.py sends both): when discord.py
 retries a request whose response was lost (a 5xx), Discord returns the message it already made
-instead of posting it twice. Nothing the bot posts pings anyone (``AllowedMentions.none()``):
-an answer quoting ``@everyone`` stays text.
+instead of posting it twice. Nothing the bot posts pings anyone (``AllowedMentions.none()``,
+sent as ``{"parse": []}``): an answer quoting ``@everyone`` or ``<@id>`` stays text.
 
 No ``discord`` or ``aiohttp`` exception leaves this module (:func:`translate_error`): a refused
 token (401, close 4004) or a refused intent (4013, 4014) is :class:`ChatAuthError`, an
@@ -55,7 +56,8 @@ from typing import Literal
 
 import aiohttp
 
-from bothy.chat.base import DISCORD_MAX_CHARS, ChatMessage, OnLost, OnMessage, split_text
+from bothy.chat.base import ChatMessage, OnLost, OnMessage
+from bothy.chat.formatting import discord_pieces
 from bothy.config import DiscordConfig
 from bothy.errors import ChatAuthError, ChatError, ChatUnavailable
 
@@ -79,7 +81,7 @@ _THREAD_NAME_MAX = 100  # contracts.md §3.4: 1–100 characters
 _THREAD_ARCHIVE_MIN: Literal[10080] = 10080  # a week: the thread stays listed while runs ask
 _NONCE_HEX_BYTES = 12  # 24 characters; Discord accepts at most 25
 _MAX_RATELIMIT_WAIT_S = 60.0  # a longer Retry-After is an error (ChatUnavailable), not a wait
-_NO_PINGS = discord.AllowedMentions.none()
+_NO_PINGS = discord.AllowedMentions.none()  # sent as formatting's DISCORD_NO_PINGS
 # The router names reactions as Slack does; Discord wants the character itself and answers a
 # bare name with 400 Unknown Emoji (code 10014).
 _EMOJI = {"eyes": "\N{EYES}"}
@@ -396,7 +398,7 @@ class DiscordAdapter:
         destination = client.get_partial_messageable(channel_id)
         sent: list[str] = []
         with _boundary(attempted):
-            for piece in split_text(text, DISCORD_MAX_CHARS):
+            for piece in discord_pieces(text):  # the one place text becomes a Discord post
                 message = await destination.send(
                     piece, nonce=secrets.token_hex(_NONCE_HEX_BYTES), allowed_mentions=_NO_PINGS)
                 sent.append(str(message.id))

@@ -186,6 +186,7 @@ class Post:
     content: str
     nonce: str | None
     enforce_nonce: bool
+    allowed_mentions: JSON | None = None  # as the request carried it (None: absent)
 
 
 @dataclass(frozen=True)
@@ -755,7 +756,8 @@ class FakeDiscord:
         if self._is_thread(channel_id):
             self._thread_members[channel_id].add(BOT_ID)  # posting in a thread joins it
         self.posts.append(Post(channel_id, message["id"], content, nonce,
-                               bool(body.get("enforce_nonce"))))
+                               bool(body.get("enforce_nonce")),
+                               allowed_mentions=body.get("allowed_mentions")))
         await self._dispatch_message(message)
         return _json(message)
 
