@@ -25,7 +25,7 @@ from typing import Any
 from bothy.chat.base import ChatMessage
 from bothy.chat.conversation import Conversations, thread_key
 from bothy.config import ChatConfig
-from bothy.engine.alerts import Alerts
+from bothy.engine.alerts import Alert, Alerts, AlertThread
 from bothy.engine.audit import AuditLog
 from bothy.engine.questions import Delivered, QuestionBoard
 from bothy.engine.state import StateDB
@@ -67,12 +67,12 @@ class ChatRouter:
         section = self._cfg.slack if platform == "slack" else self._cfg.discord
         return section is not None and user in section.allowed_users
 
-    async def post_alert(self, text: str) -> str:
+    async def post_alert(self, alert: Alert) -> str:
         """Post an alert to the first configured alert channel; say where it went."""
         adapters = self._conversations.adapters
         for platform, section in (("slack", self._cfg.slack), ("discord", self._cfg.discord)):
             if section is not None and section.alert_channel and platform in adapters:
-                await adapters[platform].post_alert(section.alert_channel, text)
+                await adapters[platform].post_alert(section.alert_channel, alert.text())
                 return f"{platform}:{section.alert_channel}"
         raise ChatError("no connected platform has an alert channel", platform="-")
 
@@ -91,7 +91,8 @@ class ChatRouter:
         await self._alerts.raise_alert(
             f"chat message {message.platform}:{message.message_id}",
             f"a message from {message.platform}:{message.user} was lost before it was"
-            f" recorded ({reason}); ask them to send it again", subject=key)
+            f" recorded ({reason}); ask them to send it again", subject=key,
+            thread=AlertThread(message.platform, message.channel, message.thread))
 
     async def _mention(self, message: ChatMessage) -> None:
         if not self.allowed(message.platform, message.user):

@@ -129,7 +129,8 @@ class Certificates:
             "extendedKeyUsage=serverAuth\n"
             "subjectKeyIdentifier=hash\n"
             "authorityKeyIdentifier=keyid\n"
-            "subjectAltName=" + ",".join(f"DNS:{host}" for host in HOSTS) + "\n"
+            # 127.0.0.1 too: a one-shot REST post is pointed at the fake by its api_url.
+            "subjectAltName=" + ",".join(f"DNS:{host}" for host in HOSTS) + ",IP:127.0.0.1\n"
         )
         ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
         for argv in (
@@ -340,6 +341,12 @@ class FakeDiscord:
     def port(self) -> int:
         """The TCP port on 127.0.0.1 every Discord host resolves to."""
         return self._port
+
+    @property
+    def api_url(self) -> str:
+        """The REST base URL by address (``chat.discord.api_url``): the certificate names
+        127.0.0.1 too, so a client trusting :attr:`Certificates.ca_pem` verifies it."""
+        return f"https://127.0.0.1:{self._port}/api/v10"
 
     def connector(self) -> aiohttp.TCPConnector:
         """An aiohttp connector that reaches this fake for the Discord hosts, verifying TLS
