@@ -7,8 +7,9 @@
   runs it and answers in the thread.
 - A reply in a thread whose run holds a question answers it (``yes``/``no`` for approvals,
   free text for questions). A reply while the run works with nothing pending is recorded as
-  late and answered with a note. A reply after the run finished continues the conversation:
-  a new run in the same lane, told what it answered last.
+  late and answered with a note, naming the question that expired if one did. A reply after
+  the run finished continues the conversation: a new run in the same lane, told what it
+  answered last.
 - Anyone not on the allowlist is refused politely (a mention) or ignored (a reply); both are
   audited, and a held question stays pending.
 - A message an adapter took off a platform that will not send it again, but that could not be
@@ -127,9 +128,12 @@ class ChatRouter:
             return
         run = await self._db.run(run_id)
         if run is not None and run.status != "finished":
+            expired = answered.expired
             await self._audit.record("answer", "late", "ok", subject=key, run_id=run_id,
-                                     details={"by": by, "answer": message.text})
-            self._answer_later(message, _LATE)
+                                     details={"by": by, "answer": message.text,
+                                              "question": expired.text if expired else None})
+            self._answer_later(message, _LATE if expired is None
+                               else f"{expired.note()} Your reply was recorded as late.")
             return
         await self._enqueue(message, continued_from=state.last_answer)
 

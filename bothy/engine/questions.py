@@ -37,9 +37,26 @@ class Expired:
 
 @dataclass(frozen=True)
 class Late:
-    """Nothing was waiting: the run had moved on."""
+    """Nothing was waiting: the run had moved on. ``expired`` is the run's last question that
+    ended unanswered (timed out or stopped), which a late reply was most likely meant for."""
 
     run_id: str
+    expired: ClosedQuestion | None = None
+
+
+@dataclass(frozen=True)
+class ClosedQuestion:
+    """A question that ended without an answer."""
+
+    text: str
+    status: str  # timed_out | stopped
+    hold_s: float  # how long it was held
+
+    def note(self) -> str:
+        """What a late reply is told about it, naming it."""
+        ended = (f"had no answer within {self.hold_s:g} s and was declined"
+                 if self.status == "timed_out" else "was declined when the run was stopped")
+        return f"The question “{_quoted(self.text)}” {ended}; the run went on without it."
 
 
 @dataclass(frozen=True)
@@ -113,7 +130,7 @@ class QuestionBoard:
                 (run_id,),
             )
             if row is None:
-                return Late(run_id)
+                return Late(run_id, await self._last_closed(run_id))
             await self._db.execute(
                 "UPDATE questions SET status = 'answered', answer = ?, answered_by = ?,"
                 " answered_us = ? WHERE id = ?",
@@ -121,9 +138,29 @@ class QuestionBoard:
             )
         return Delivered(int(row["id"]), str(row["text"]))
 
+    async def _last_closed(self, run_id: str) -> ClosedQuestion | None:
+        row = await self._db.fetch_one(
+            "SELECT text, status, asked_us, deadline_us FROM questions WHERE run_id = ?"
+            " AND status IN ('timed_out', 'stopped') ORDER BY id DESC LIMIT 1",
+            (run_id,),
+        )
+        if row is None:
+            return None
+        hold_s = (int(row["deadline_us"]) - int(row["asked_us"])) / 1_000_000
+        return ClosedQuestion(str(row["text"]), str(row["status"]), hold_s)
+
     async def pending(self, run_id: str) -> list[str]:
         rows = await self._db.fetch_all(
             "SELECT text FROM questions WHERE run_id = ? AND status = 'pending' ORDER BY id",
             (run_id,),
         )
         return [str(row["text"]) for row in rows]
+
+
+_QUOTED_MAX_CHARS = 200
+
+
+def _quoted(text: str) -> str:
+    """A question as a late note quotes it: one line, cut at 200 characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= _QUOTED_MAX_CHARS else line[: _QUOTED_MAX_CHARS - 1] + "…"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from bothy.config import ProfileConfig
 from bothy.engine.alerts import Alerts
@@ -54,6 +54,14 @@ class Asker(Protocol):
     """Shows a question to whoever can answer it (a terminal, a chat thread)."""
 
     def question(self, run_id: str, text: str) -> None: ...
+
+
+@runtime_checkable
+class ExpiryTeller(Protocol):
+    """An asker that also says where it asked that a question expired unanswered (a chat
+    thread: "No answer within 300 s — declined; the run goes on.")."""
+
+    def expired(self, run_id: str, text: str, hold_s: float) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -327,6 +335,8 @@ class Toolbox:
             return ended
         await self._record("question", ended.status, "failed",
                            {"kind": kind, "tool": tool, "reason": ended.reason})
+        if ended.status == "timed_out" and isinstance(self._asker, ExpiryTeller):
+            self._asker.expired(self._scope.run_id, text, hold)
         return ended.status
 
     async def _user_input(self, params: dict[str, Any]) -> dict[str, Any]:
