@@ -1,6 +1,7 @@
 """Held questions in a chat thread, through a real `bothy serve` with the real slack-bolt
 against a fake Slack and the real codex (issue 11): a question that expires is said in its
-thread, and a reply after that is told which question it was too late for.
+thread, and a reply after that is told which question it was too late for; Codex's
+request_user_input is shown with its options numbered and answered by number.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.model_server import ModelServer, stall, tool_call
+from tests.fakes.model_server import ModelServer, stall, text, tool_call
 from tests.fakes.shell import Shell, audit_records, until
 from tests.fakes.site import Site
 from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
@@ -91,3 +92,42 @@ async def test_an_expired_question_is_said_in_its_thread_and_a_late_reply_is_tol
     timed_out = audit_records(site, lambda r: (r.kind, r.event) == ("question", "timed_out"))
     assert len(timed_out) == 1
     assert not (site.home / "checklist.md").exists()
+
+
+DOOR = {"id": "colour", "header": "Colour", "question": "Which colour should the bothy door be?",
+        "isOther": True, "isSecret": False,
+        "options": [{"label": "Green (Recommended)", "description": "traditional"},
+                    {"label": "Red", "description": "seen from the glen"}]}
+
+
+def _outputs(server: ModelServer) -> list[str]:
+    """The tool outputs Codex sent the model in its last request."""
+    return [str(item["output"]) for item in server.requests[-1]["input"]
+            if item.get("type") == "function_call_output"]
+
+
+async def test_request_user_input_shows_numbered_options_and_takes_a_number(
+    tmp_path: Path, server: ModelServer, slack: FakeSlack
+) -> None:
+    """Codex's request_user_input is posted with its options numbered and a hint that fits;
+    the operator's "2" reaches Codex as the second option's label."""
+    server.script(tool_call("request_user_input", {"questions": [DOOR]}),
+                  text("Painting it red."))
+    site = _site(tmp_path, server, slack, hold_s=30)
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        ts = slack.send_mention(OPERATOR, CHANNEL, "paint the door")
+        await until(lambda: bool(_posts_in(slack, ts)), "the question in the thread")
+        slack.send_message(OPERATOR, CHANNEL, "2", thread_ts=ts)
+        await until(lambda: "Painting it red." in _posts_in(slack, ts), "the answer")
+        assert await serving.stop() == 0
+    assert _posts_in(slack, ts) == [
+        "? Which colour should the bothy door be?\n"
+        "1. Green (Recommended) — traditional\n"
+        "2. Red — seen from the glen\n"
+        "Answer with a number (1–2), an option's name, or your own words. Reply in this thread.",
+        "Painting it red."]
+    assert any('"answers":["Red"]' in output.replace(" ", "") for output in _outputs(server)), \
+        _outputs(server)
+    (answered,) = audit_records(site, lambda r: (r.kind, r.event) == ("question", "answered"))
+    assert (answered.details["kind"], answered.details["answer"]) == ("input", "2")

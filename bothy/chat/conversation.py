@@ -31,6 +31,7 @@ from bothy.chat.base import ChatAdapter, ChatMessage
 from bothy.clock import Clock, to_us
 from bothy.config import Config
 from bothy.engine.audit import AuditLog
+from bothy.engine.questions import APPROVAL_HINT
 from bothy.engine.run import NO_REPLY, RunRequest, RunResult
 from bothy.engine.state import RunRow, StateDB
 from bothy.errors import ChatError
@@ -40,7 +41,7 @@ from bothy.wakes.jobs import Ignored
 
 SOURCE = "chat"
 SEEN = "eyes"
-_ASKING = "Reply in this thread (yes or no for an approval)."
+_ASKING = "Reply in this thread."
 _INTERRUPTED = ("Bothy was restarted while it worked on this, and the run was stopped before"
                 " it finished. Mention me again to retry.")
 
@@ -257,7 +258,11 @@ class _ThreadQuestions:
         self._posts: set[asyncio.Task[None]] = set()
 
     def question(self, run_id: str, text: str) -> None:
-        self._post(run_id, f"? {text}\n{_ASKING}")
+        self.ask(run_id, text, APPROVAL_HINT)
+
+    def ask(self, run_id: str, text: str, hint: str) -> None:
+        """Post the question (its options numbered) and how to answer it, in the thread."""
+        self._post(run_id, f"? {text}\n{hint} {_ASKING}")
 
     def expired(self, run_id: str, text: str, hold_s: float) -> None:
         """Say in the thread, in a new message, that the question went unanswered."""

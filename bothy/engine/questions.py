@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from bothy.clock import Clock, to_us
 from bothy.engine.state import StateDB
@@ -158,6 +159,65 @@ class QuestionBoard:
 
 
 _QUOTED_MAX_CHARS = 200
+APPROVAL_HINT = "Answer yes or no."
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a ``request_user_input`` question."""
+
+    label: str
+    description: str
+
+
+@dataclass(frozen=True)
+class InputQuestion:
+    """One question of Codex's ``item/tool/requestUserInput`` (codex-app-server.md): shown
+    with its options numbered and a hint that fits it; answered by an option's number, its
+    label, or free text."""
+
+    id: str
+    text: str
+    options: tuple[Option, ...]
+    secret: bool  # isSecret: never asked (a reply would sit in the thread and the register)
+
+    @classmethod
+    def of(cls, raw: dict[str, Any]) -> InputQuestion:
+        """The question as Codex sent it; a field of the wrong type counts as absent."""
+        options = tuple(
+            Option(str(option.get("label") or "").strip(),
+                   str(option.get("description") or "").strip())
+            for option in raw.get("options") or [] if isinstance(option, dict)
+            and str(option.get("label") or "").strip())
+        text = str(raw.get("question") or raw.get("header") or "?").strip() or "?"
+        return cls(str(raw.get("id")), text, options, raw.get("isSecret") is True)
+
+    def shown(self) -> str:
+        """The question and its options, one numbered line each."""
+        lines = [self.text]
+        for number, option in enumerate(self.options, start=1):
+            about = f" — {option.description}" if option.description else ""
+            lines.append(f"{number}. {option.label}{about}")
+        return "\n".join(lines)
+
+    def hint(self) -> str:
+        """How to answer it."""
+        if self.options:
+            numbers = "1" if len(self.options) == 1 else f"1–{len(self.options)}"
+            return f"Answer with a number ({numbers}), an option's name, or your own words."
+        return "Answer in your own words."
+
+    def answer(self, reply: str) -> str:
+        """The answer Codex gets: the label of the option a number or a label names, else
+        the reply as it was written."""
+        said = reply.strip()
+        if said.isdigit() and 1 <= int(said) <= len(self.options):
+            return self.options[int(said) - 1].label
+        wanted = " ".join(said.split()).casefold()
+        for option in self.options:
+            if option.label.casefold() == wanted:
+                return option.label
+        return reply
 
 
 def _quoted(text: str) -> str:
