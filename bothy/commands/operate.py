@@ -85,8 +85,8 @@ async def _repair(log: AuditLog) -> int:
     """Keep a broken register aside and start a new segment; refused while serve runs."""
     from bothy.clock import utc_now
     from bothy.daemon import serve_holding
-    from bothy.engine.alerts import Alerts
     from bothy.home import BothyHome
+    from bothy.runtime import site_alerts
 
     home = BothyHome.from_env()
     with serve_holding(home.state_dir / "serve.lock", doing="repair the register"):
@@ -99,7 +99,7 @@ async def _repair(log: AuditLog) -> int:
         print(f"started a new segment at record {done.record.seq:04d} (audit repaired), after "
               f"the last good record {done.record.seq - 1:04d}")
         _, cfg = load()
-        alerts = Alerts(log, site=cfg.site, clock=utc_now)
+        alerts = site_alerts(cfg, log, clock=utc_now)
         await alerts.raise_alert(
             "the register", f"repaired at seq {done.record.seq}: {done.problem}; the broken "
             f"file is kept as {done.kept.name}", subject=None, level="critical")
