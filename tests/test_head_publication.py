@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from bothy.engine.alerts import Alerts
+from bothy.engine.alerts import Alert, Alerts
 from bothy.engine.audit import AuditLog, AuditRecord
 from bothy.engine.headpublisher import HeadPublisher
 from tests.fakes.shell import Shell, audit_records, until
@@ -48,8 +48,8 @@ class Days:
         if self._stop_at is not None and self.now >= self._stop_at:
             self.stop.set()
 
-    async def post(self, text: str) -> str:
-        self.posts.append(text)
+    async def post(self, alert: Alert) -> str:
+        self.posts.append(alert.text())
         if len(self.posts) == self._stop_after_posts:
             self.stop.set()
         return "CALERTS"
