@@ -219,7 +219,7 @@ class Daemon:
         dispatcher.add_handler(CHAT_SOURCE, conversations)
         if any(s is not None and s.alert_channel
                for s in (self._cfg.chat.slack, self._cfg.chat.discord)):
-            rt.alerts.route_to(router.post_alert)
+            rt.alerts.add_route(router.post_alert)  # the one-shot Web API stays as fallback
         return _Chat(router, adapters)
 
     async def _drain(self, dispatcher: Dispatcher) -> None:
