@@ -245,7 +245,7 @@ class Daemon:
         dispatcher.add_handler(CHAT_SOURCE, conversations)
         if any(s is not None and s.alert_channel
                for s in (self._cfg.chat.slack, self._cfg.chat.discord)):
-            rt.alerts.route_to(router.post_alert)
+            rt.alerts.add_route(router.post_alert)  # the one-shot Web API stays as fallback
             self._alerts_routed = True
         liveness = Liveness(watched, silent_after_s, audit=rt.audit, alerts=rt.alerts,
                             clock=rt.clock, publish=self._publish_chat)
