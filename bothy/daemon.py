@@ -5,7 +5,8 @@ ended, wakes that never started queued again, wakes whose run was under way clos
 listeners → dispatcher → schedules (a fire missed while down is queued once, then the timers
 start); while ready, the register's head is published once a day (engine/headpublisher.py).
 Shutdown runs in reverse: stop intake (listeners, the schedule timers, then the
-dispatcher's intake) → let in-flight runs finish within ``wakes.shutdown_grace_s`` → ask them
+dispatcher's intake; chat stays connected until the runs have ended, as their answers and
+the alerts go through it) → let in-flight runs finish within ``wakes.shutdown_grace_s`` → ask them
 to stop (they interrupt, settle and reap their groups) → cancel what is left → final audit
 record. A second signal skips the waits. Signal handlers only record; the main task acts.
 
@@ -150,13 +151,15 @@ class Daemon:
             self.state = State.DRAINING
             for listener in listeners:
                 await listener.stop()
-            if chat is not None:
-                await chat.stop()
             await schedules.stop()
             polls_stop.set()
             dispatcher.stop_intake()
             await intake
             await self._drain(dispatcher)
+            if chat is not None:
+                # Last: the runs ending in the drain answer in their threads, and alerts go
+                # out, through it. A mention meanwhile is made durable and runs after a restart.
+                await chat.stop()
 
     async def _listen(
         self, rt: Runtime, inbox: Inbox, dispatcher: Dispatcher

@@ -236,8 +236,7 @@ class Dispatcher:
             await self._ignore(wake, start, ended.reason)
         elif ended.outcome is Outcome.REFUSED and handler.retries_refused:
             await self._refused(wake, ended.reason or "refused", start.details)
-        elif self._supervisor.stopping.is_set() and not await self._supervisor.pool.reached_worker(
-                start.run_id):
+        elif await start.stopped_before_start():
             # Stopped before its run had a worker: nothing ran, so it runs after the restart.
             await self._requeue(wake, start.run_id, "bothy stopped before its run started")
         else:
