@@ -26,7 +26,6 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import httpx
 
@@ -145,7 +144,7 @@ class Daemon:
                              on_accepted=dispatcher.poke, alerts=rt.alerts)
                 group.create_task(_keep_polling(one, polls_stop, rt), name=f"poll-{name}")
             heads = HeadPublisher(rt.audit, rt.alerts, post_heads=self._alerts_routed,
-                                  zone=ZoneInfo(self._cfg.budget.timezone), clock=rt.clock)
+                                  clock=rt.clock)
             group.create_task(heads.run(polls_stop), name="audit-head")
             await self._stop.wait()
             self.state = State.DRAINING
