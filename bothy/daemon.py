@@ -4,11 +4,11 @@ Start-up, in order: single-instance lock → state → audit → recovery (orpha
 ended, wakes that never started queued again, wakes whose run was under way closed) →
 listeners → dispatcher → schedules (a fire missed while down is queued once, then the timers
 start); while ready, the register's head is published once a day (engine/headpublisher.py).
-Shutdown runs in reverse: stop intake (listeners, the schedule timers, then the
-dispatcher's intake; chat stays connected until the runs have ended, as their answers and
-the alerts go through it) → let in-flight runs finish within ``wakes.shutdown_grace_s`` → ask them
-to stop (they interrupt, settle and reap their groups) → cancel what is left → final audit
-record. A second signal skips the waits. Signal handlers only record; the main task acts.
+Shutdown runs in reverse: stop intake (listeners, the schedule timers, then the dispatcher's
+intake) → let in-flight runs finish within ``wakes.shutdown_grace_s`` → ask them to stop (they
+interrupt, settle and reap their groups) → cancel what is left → disconnect chat (last: the
+runs' answers and the alerts go through it) → final audit record. A second signal skips the
+waits. Signal handlers only record; the main task acts.
 
 Exit codes (see docs/RUNBOOK.md): 0 clean stop; 75 temporary (another instance holds the
 lock, a port is taken); 78 configuration (raised as ConfigError before anything starts).
