@@ -4,10 +4,11 @@ Start-up, in order: single-instance lock → state → audit → recovery (orpha
 ended, wakes that never started queued again, wakes whose run was under way closed) →
 listeners → dispatcher → schedules (a fire missed while down is queued once, then the timers
 start); while ready, the register's head is published once a day (engine/headpublisher.py).
-Shutdown runs in reverse: stop intake (listeners, the schedule timers, then the
-dispatcher's intake) → let in-flight runs finish within ``wakes.shutdown_grace_s`` → ask them
-to stop (they interrupt, settle and reap their groups) → cancel what is left → final audit
-record. A second signal skips the waits. Signal handlers only record; the main task acts.
+Shutdown runs in reverse: stop intake (listeners, the schedule timers, then the dispatcher's
+intake) → let in-flight runs finish within ``wakes.shutdown_grace_s`` → ask them to stop (they
+interrupt, settle and reap their groups) → cancel what is left → disconnect chat (last: the
+runs' answers and the alerts go through it) → final audit record. A second signal skips the
+waits. Signal handlers only record; the main task acts.
 
 Exit codes (see docs/RUNBOOK.md): 0 clean stop; 75 temporary (another instance holds the
 lock, a port is taken); 78 configuration (raised as ConfigError before anything starts).
@@ -24,7 +25,6 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import httpx
 
@@ -147,19 +147,21 @@ class Daemon:
                              on_accepted=dispatcher.poke, alerts=rt.alerts)
                 group.create_task(_keep_polling(one, polls_stop, rt), name=f"poll-{name}")
             heads = HeadPublisher(rt.audit, rt.alerts, post_heads=self._alerts_routed,
-                                  zone=ZoneInfo(self._cfg.budget.timezone), clock=rt.clock)
+                                  clock=rt.clock)
             group.create_task(heads.run(polls_stop), name="audit-head")
             await self._stop.wait()
             self.state = State.DRAINING
             for listener in listeners:
                 await listener.stop()
-            if chat is not None:
-                await chat.stop()
             await schedules.stop()
             polls_stop.set()
             dispatcher.stop_intake()
             await intake
             await self._drain(dispatcher)
+            if chat is not None:
+                # Last: the runs ending in the drain answer in their threads, and alerts go
+                # out, through it. A mention meanwhile is made durable and runs after a restart.
+                await chat.stop()
 
     async def _listen(
         self, rt: Runtime, inbox: Inbox, dispatcher: Dispatcher
