@@ -45,6 +45,10 @@ class PlainProgress:
     def question(self, run_id: str, text: str) -> None:
         self._line(f"question: {text}  (answer: bothy answer {run_id} yes|no|TEXT)")
 
+    def declined(self, run_id: str, text: str) -> None:
+        self._line(f"question declined: {text}  (this run cannot wait; it goes on without"
+                   " an answer)")
+
     def finish(self) -> None:
         """Plain lines leave nothing to clear."""
 
@@ -87,6 +91,14 @@ class TerminalProgress:
             self._mid_text = False
         self._out.write(f"\r\033[K? {text}\n  type yes/no (or an answer) and Enter, or run:"
                         f" bothy answer {run_id} yes|no|TEXT\n")
+        self._out.flush()
+
+    def declined(self, run_id: str, text: str) -> None:
+        if self._mid_text:
+            self._out.write("\n")
+            self._mid_text = False
+        self._out.write(f"\r\033[K? {text}\n  (this run cannot wait: it goes on without an"
+                        " answer)\n")
         self._out.flush()
 
     def finish(self) -> None:

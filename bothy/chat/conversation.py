@@ -40,6 +40,7 @@ from bothy.wakes.jobs import Ignored
 SOURCE = "chat"
 SEEN = "eyes"
 _ASKING = "Reply in this thread (yes or no for an approval)."
+_NOT_WAITING = "This run cannot wait for an answer: it goes on without one."
 _INTERRUPTED = ("Bothy was restarted while it worked on this, and the run was stopped before"
                 " it finished. Mention me again to retry.")
 
@@ -256,10 +257,15 @@ class _ThreadQuestions:
         self._posts: set[asyncio.Task[None]] = set()
 
     def question(self, run_id: str, text: str) -> None:
+        self._post(run_id, f"? {text}\n{_ASKING}")
+
+    def declined(self, run_id: str, text: str) -> None:
+        """A question this run could not hold (its profile holds none): said in the thread."""
+        self._post(run_id, f"? {text}\n{_NOT_WAITING}")
+
+    def _post(self, run_id: str, text: str) -> None:
         task = asyncio.create_task(self._conversations.post(
-            self._message.platform, self._message.channel, self._thread,
-            f"? {text}\n{_ASKING}", run_id=run_id,
-        ))
+            self._message.platform, self._message.channel, self._thread, text, run_id=run_id))
         self._posts.add(task)
         task.add_done_callback(self._posts.discard)
 
