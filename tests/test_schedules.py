@@ -727,7 +727,8 @@ async def test_a_fire_missed_while_serve_was_down_runs_once_when_it_starts(
         "action": "prompt", "attempt": 1}
     assert any(t == "Say TICKED and nothing else." for t in _prompts(server.requests[0]))
     lines = [line.split(" ", 2)[2] for line in site.audit_lines() if line.endswith(str(run_id))]
-    assert lines[-1] == f"run finished ok schedule:tick {run_id}"
+    assert lines[-2:] == [f"run finished ok schedule:tick {run_id}",  # and no chat to tell:
+                          f"report undelivered failed schedule:tick {run_id}"]
     assert len(server.requests) == 1
     db = sqlite3.connect(site.home / "state" / "bothy.sqlite3")
     try:

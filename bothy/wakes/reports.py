@@ -170,7 +170,9 @@ class Reports:
             details["outcome"] = str(result.outcome)
         where = self._where(report_to)
         if isinstance(where, str):
-            await self._undelivered(request.subject, run_id, details, where)
+            # With no alert channel either, an alert would reach nobody: the record says it.
+            await self._undelivered(request.subject, run_id, details, where,
+                                    alert=report_to is not None)
             return
         posted = await self._try_posting(where, text)
         if isinstance(posted, str):
@@ -216,9 +218,11 @@ class Reports:
                 (where.platform, where.channel, posted[0], run_id, to_us(self._clock())))
 
     async def _undelivered(self, subject: str, run_id: str | None, details: dict[str, Any],
-                           reason: str) -> None:
+                           reason: str, *, alert: bool = True) -> None:
         await self._audit.record("report", "undelivered", "failed", subject=subject,
                                  run_id=run_id, details={**details, "reason": reason})
+        if not alert:
+            return
         await self._alerts.raise_alert(
             f"report of run {run_id}", f"the {details['what']} of run {run_id} could not be"
             f" posted: {reason}", subject=subject, run_id=run_id)
