@@ -23,7 +23,7 @@ import pytest
 from bothy.clock import to_us
 from tests.fakes import github
 from tests.fakes.model_server import ModelServer, text, tool_call
-from tests.fakes.shell import Shell, audit_records, until
+from tests.fakes.shell import Shell, until
 from tests.fakes.site import Site
 from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack, Post
 from tests.test_serve import SECRET, free_port, queued, records, start_serve
