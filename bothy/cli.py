@@ -158,6 +158,11 @@ def _schedule_parser(commands: Any) -> None:
                        help="verify that the final answer matches this regular expression")
     add.add_argument("--max-usd", help="reserve this much per fire instead of budget.per_run_usd")
     add.add_argument("--ref", help="tie each fire's run to this task in Cairn, e.g. ACME-12")
+    add.add_argument("--report-to", metavar="PLATFORM:CHANNEL",
+                     help="post its findings here (e.g. slack:C0OPS) instead of the alert channel")
+    add.add_argument("--preflight-cmd", metavar="ARGV",
+                     help="--heartbeat only: run this first (split like a shell); the model is"
+                          " woken only if it fails or its output changed since the last fire")
     actions.add_parser("list", help="one line per schedule, with its next fire").add_argument(
         "--json", action="store_true")
     remove = actions.add_parser("rm", help="remove a schedule")

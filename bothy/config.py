@@ -330,6 +330,45 @@ class ListenConfig(_Section):
         return self
 
 
+# Where an unattended run's findings are posted: a platform and a channel of its form.
+_REPORT_CHANNEL = {
+    "slack": (re.compile(r"^[CG][A-Z0-9]{1,20}$"), "a Slack channel id such as C0OPS"),
+    "discord": (re.compile(r"^[0-9]{15,21}$"), "a Discord channel id (a snowflake of digits)"),
+}
+
+
+def report_to_form_problem(value: str) -> str | None:
+    """Why ``value`` is not a report target (``slack:C0OPS``, ``discord:1234…``), or None."""
+    platform, _, channel = value.partition(":")
+    if platform not in _REPORT_CHANNEL:
+        return (f"{value!r} is not a report target: expected slack:CHANNEL or discord:CHANNEL"
+                " (e.g. slack:C0OPS)")
+    pattern, expected = _REPORT_CHANNEL[platform]
+    if not pattern.match(channel):
+        return f"{value!r}: {channel!r} is not {expected}"
+    return None
+
+
+def report_to_problem(value: str, chat: ChatConfig) -> str | None:
+    """Why ``value`` cannot receive reports on this site (its form, or its platform is not
+    configured under ``chat``), or None."""
+    if problem := report_to_form_problem(value):
+        return problem
+    platform = value.partition(":")[0]
+    if getattr(chat, platform) is None:
+        return f"{value!r} names {platform}, but chat.{platform} is not configured"
+    return None
+
+
+def _report_target(value: str | None) -> str | None:
+    if value is not None and (problem := report_to_form_problem(value)):
+        raise ValueError(problem)
+    return value
+
+
+ReportTo = Annotated[str | None, AfterValidator(_report_target)]
+
+
 class WakeJob(_Section):
     """What a wake starts: a prompt in a lane, under a profile, within a reservation."""
 
@@ -338,6 +377,7 @@ class WakeJob(_Section):
     profile: str | None = None
     max_usd: Decimal | None = Field(default=None, gt=0)
     ref: str | None = Field(default=None, min_length=1)  # task in Cairn, e.g. ACME-{issue.number}
+    report_to: ReportTo = None  # where its findings go, e.g. slack:C0OPS; else the alert channel
 
 
 class WebhookJob(WakeJob):
@@ -594,6 +634,18 @@ class Config(_Section):
                 if job.profile is not None and job.profile not in self.profiles:
                     raise ValueError(f"webhooks.{name}: job profile {job.profile!r} is not"
                                      " defined in profiles")
+        return self
+
+    @model_validator(mode="after")
+    def _reports_go_to_configured_chat(self) -> Config:
+        """A job's ``report_to`` names a chat platform this site has configured."""
+        jobs = [(f"webhooks.{name}.jobs.{index}.report_to", job.report_to)
+                for name, route in self.webhooks.items() for index, job in enumerate(route.jobs)]
+        jobs += [(f"pollers.{name}.job.report_to", poller.job.report_to)
+                 for name, poller in self.pollers.items()]
+        for key, target in jobs:
+            if target is not None and (problem := report_to_problem(target, self.chat)):
+                raise ValueError(f"{key}: {problem}")
         return self
 
     @model_validator(mode="after")

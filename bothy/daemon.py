@@ -47,6 +47,7 @@ from bothy.wakes.dispatcher import Dispatcher
 from bothy.wakes.handlers import unattended
 from bothy.wakes.inbox import Inbox
 from bothy.wakes.poller import Poller
+from bothy.wakes.reports import Reports
 from bothy.wakes.schedule_runner import ScheduleRunner
 from bothy.wakes.schedules import ScheduleStore
 from bothy.wakes.webhook import WebhookListener
@@ -103,17 +104,20 @@ class Daemon:
         await rt.audit.record("serve", "starting", "ok",
                               details={"pid": os.getpid(), "site": self._cfg.site})
         recovered = await supervisor.recover()
-        dispatcher = Dispatcher(self._cfg.wakes, unattended(self._cfg, self._home), inbox=inbox,
+        store = ScheduleStore(rt.db, timezone=self._cfg.budget.timezone, clock=rt.clock)
+        reports = Reports(self._cfg, db=rt.db, audit=rt.audit, alerts=rt.alerts, clock=rt.clock)
+        handlers = unattended(self._cfg, self._home, reports=reports, store=store,
+                              audit=rt.audit)
+        dispatcher = Dispatcher(self._cfg.wakes, handlers, inbox=inbox,
                                 supervisor=supervisor, db=rt.db, audit=rt.audit,
                                 alerts=rt.alerts, clock=rt.clock)
         wakes = await dispatcher.recover()
         listeners = await self._listen(rt, inbox, dispatcher)
-        chat = await self._chat(rt, inbox, dispatcher, listeners)
+        chat = await self._chat(rt, inbox, dispatcher, listeners, reports)
         await dispatcher.tell_interrupted(wakes)
         schedules = ScheduleRunner(
-            ScheduleStore(rt.db, timezone=self._cfg.budget.timezone, clock=rt.clock), inbox,
-            audit=rt.audit, grace_s=self._cfg.wakes.missed_fire_grace_s, clock=rt.clock,
-            on_enqueued=dispatcher.poke,
+            store, inbox, audit=rt.audit, grace_s=self._cfg.wakes.missed_fire_grace_s,
+            clock=rt.clock, on_enqueued=dispatcher.poke,
         )
         missed = await schedules.start()  # queued now, taken once the dispatcher runs below
         with recording_stop_signals(self._stop, self._hurry):
@@ -198,10 +202,11 @@ class Daemon:
 
     async def _chat(
         self, rt: Runtime, inbox: Inbox, dispatcher: Dispatcher,
-        listeners: list[WebhookListener],
+        listeners: list[WebhookListener], reports: Reports,
     ) -> _Chat | None:
         """Connect the configured chat platforms (after the listeners, before readiness); their
-        conversations take the chat wakes, and alerts go to their alert channel if one is set."""
+        conversations take the chat wakes, unattended runs report there, and alerts go to
+        their alert channel if one is set."""
         adapters: dict[str, ChatAdapter] = {}
         watched: dict[str, Watched] = {}
         silent_after_s: dict[str, float] = {}
@@ -223,7 +228,8 @@ class Daemon:
                                       clock=rt.clock)
         router = ChatRouter(self._cfg.chat, conversations, inbox=inbox,
                             board=QuestionBoard(rt.db, clock=rt.clock), db=rt.db,
-                            audit=rt.audit, alerts=rt.alerts, on_accepted=dispatcher.poke)
+                            audit=rt.audit, alerts=rt.alerts, on_accepted=dispatcher.poke,
+                            reports=reports)
         try:
             # Connected side by side: discord.py alone waits out its guild-ready delay.
             started = await asyncio.gather(
@@ -245,6 +251,7 @@ class Daemon:
                 "connected", silent_after_s[name], connected_at=adapter.heard().connected_at,
             ).published()
         dispatcher.add_handler(CHAT_SOURCE, conversations)
+        reports.connect(adapters)
         if any(s is not None and s.alert_channel
                for s in (self._cfg.chat.slack, self._cfg.chat.discord)):
             rt.alerts.add_route(router.post_alert)  # the one-shot Web API stays as fallback

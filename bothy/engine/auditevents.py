@@ -67,6 +67,10 @@ EVENTS = EventTable({
     "audit": ("repaired", "head"),
     # Somebody should know.
     "alert": ("sent", "undelivered", "suppressed"),
+    # What an unattended run found (or asked), posted where its job says (wakes/reports.py).
+    "report": ("sent", "undelivered"),
+    # A heartbeat's preflight: the model woken, or a quiet fire with no run.
+    "heartbeat": ("woken", "quiet"),
     # The daemon and its doors.
     "serve": ("starting", "ready", "stopped"),
     "webhook": ("refused", "suppressed", "ping", "misconfigured"),

@@ -61,6 +61,7 @@ class _Unasked:
     """The asker of a run nobody is watching: a question is held on the board only."""
 
     def question(self, run_id: str, text: str) -> None: ...
+    def declined(self, run_id: str, text: str) -> None: ...
 
 
 class Supervisor:

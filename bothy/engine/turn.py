@@ -170,6 +170,7 @@ class TurnStream:
             item = params.get("item") or {}
             if item.get("type") == "agentMessage":
                 turn.text = str(item.get("text", ""))
+                self._live.progress.message_end()
             else:
                 await self._live.toolbox.item_done(item)
         elif note.method == "thread/tokenUsage/updated":

@@ -29,7 +29,7 @@ from bothy.engine.state import RunRow, StateDB
 from bothy.engine.supervisor import Supervisor
 from bothy.waits import first_of
 from bothy.wakes import poller, schedules
-from bothy.wakes.handlers import WakeHandler, WakeStart
+from bothy.wakes.handlers import Quiet, WakeHandler, WakeStart
 from bothy.wakes.history import RunHistory
 from bothy.wakes.inbox import Delivery, Inbox, Reinserted, WakeRow
 from bothy.wakes.jobs import Ignored
@@ -234,6 +234,8 @@ class Dispatcher:
         ended = await handler.handle(wake, delivery, start)
         if isinstance(ended, Ignored):
             await self._ignore(wake, start, ended.reason)
+        elif isinstance(ended, Quiet):  # its handler audited why; nothing ran
+            await self._inbox.finish(wake.id, "done", run_id=None, note=ended.reason)
         elif ended.outcome is Outcome.REFUSED and handler.retries_refused:
             await self._refused(wake, ended.reason or "refused", start.details)
         elif await start.stopped_before_start():
