@@ -10,14 +10,12 @@ derived from the run id, so the same run always gives the same trace.
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from bothy.engine.audit import AuditRecord
+from bothy.engine.auditrecord import AuditRecord
 from bothy.engine.traceids import span_id, trace_id
 
 __all__ = ["OtlpRefused", "Span", "build_spans", "otlp_request", "render_tree", "send_otlp",
@@ -361,6 +359,9 @@ class OtlpRefused(Exception):
 def send_otlp(url: str, request: Mapping[str, Any], *, timeout_s: float = 10.0,
               headers: Mapping[str, str] | None = None) -> str:
     """POST the request once; what the receiver said on success, else :class:`OtlpRefused`."""
+    import urllib.error  # here: a trace shown on a terminal needs no HTTP client
+    import urllib.request
+
     body = json.dumps(request).encode()
     http = urllib.request.Request(url, data=body, method="POST",
                                   headers={"Content-Type": "application/json", **(headers or {})})

@@ -40,6 +40,7 @@ from typing import Any
 
 from bothy.engine.auditchain import Fault, VerifyReport, verify_lines
 from bothy.engine.auditevents import EVENTS, EventTable
+from bothy.engine.auditindex import RunIndex
 from bothy.engine.auditrecord import (
     GENESIS_HASH,
     AuditRecord,
@@ -81,6 +82,7 @@ class AuditLog:
         self.checkpoint_path = path.with_name(path.name + ".checkpoint")
         self._clock = clock or _utc_now
         self._thread_lock = threading.Lock()
+        self.index = RunIndex(path)  # by run id, kept at one hook after each durable write
         # Tail cached between appends; trusted only while the file is the one it describes.
         self._tail: _Tail | None = None
 
@@ -174,24 +176,28 @@ class AuditLog:
                 prev=tail.hash,
             )
             digest = hashlib.sha256(body).hexdigest()
-            self._write_durably(fd, with_hash(body, digest) + b"\n", tail.seq + 1)
+            line = with_hash(body, digest) + b"\n"
+            self._write_durably(fd, line, tail.seq + 1)
             written = os.fstat(fd)
             self._tail = _Tail(identity=_identity(written), seq=tail.seq + 1, hash=digest)
             _write_checkpoint(self.checkpoint_path, written, tail.seq + 1, digest)
+            record = AuditRecord(
+                seq=tail.seq + 1,
+                ts=ts,
+                kind=kind,
+                event=event,
+                outcome=outcome,
+                subject=subject,
+                run_id=run_id,
+                details=details,
+                prev=tail.hash,
+                hash=digest,
+            )
+            # The index's one hook: the record is durable; where its line starts (never raises).
+            self.index.note(written, [(written.st_size - len(line), record)])
         finally:
             os.close(fd)
-        return AuditRecord(
-            seq=tail.seq + 1,
-            ts=ts,
-            kind=kind,
-            event=event,
-            outcome=outcome,
-            subject=subject,
-            run_id=run_id,
-            details=details,
-            prev=tail.hash,
-            hash=digest,
-        )
+        return record
 
     def _now(self) -> datetime:
         ts = self._clock()
@@ -303,6 +309,11 @@ class AuditLog:
 
     def _verify_segments(self, *, settle: bool) -> VerifyReport:
         return _verify_file(self.path, self._lock_path if settle else None, None, 0)
+
+    def segments(self) -> list[tuple[Path, int | None]]:
+        """The register's files oldest first, each with the last seq of it that counts (a
+        kept segment counts up to its last good record; the current file, ``None``, wholly)."""
+        return self._segments()
 
     def _segments(self) -> list[tuple[Path, int | None]]:
         """The register's files oldest first, each with the last seq of it that counts."""
