@@ -74,7 +74,9 @@ def main() -> None:
     (root / "config.json").write_text(json.dumps({
         "site": "bench", "workspace": str(root / "work"),
         "budget": {"mode": "api", "per_run_usd": 0.5, "per_day_usd": 25.0}}))
-    env = {**os.environ, "BOTHY_HOME": str(root)}
+    # .pyc files as an installed bothy has them (a shell may say not to write them).
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
+           "BOTHY_HOME": str(root)}
     register = state / "audit.jsonl"
     started = time.perf_counter()
     run_id = _write_register(register)
