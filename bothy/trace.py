@@ -18,8 +18,8 @@ from typing import Any
 from bothy.engine.auditrecord import AuditRecord
 from bothy.engine.traceids import span_id, trace_id
 
-__all__ = ["OtlpRefused", "Span", "build_spans", "otlp_request", "render_tree", "send_otlp",
-           "span_id", "trace_id"]
+__all__ = ["OtlpRefused", "Span", "build_spans", "otlp_answer", "otlp_request", "render_tree",
+           "send_otlp", "span_id", "trace_id"]
 
 SPAN_KIND_INTERNAL = 1
 SPAN_KIND_SERVER = 2
@@ -46,6 +46,9 @@ class Span:
     kind: int = SPAN_KIND_INTERNAL
     attributes: dict[str, Any] = field(default_factory=dict)
     summary: str = ""  # what the tree line says after the name
+    # The summary holds what a person or the model wrote (a question, a command, a reason):
+    # held back from an export unless its content is asked for (config ``otel.include_content``).
+    content: bool = False
 
     @property
     def status(self) -> int:
@@ -148,7 +151,7 @@ class _Builder:
                 self._key("question"), f"question {d.get('kind', '')} {tool}".strip(),
                 r.ts, r.ts, self._inside(), outcome="pending",
                 attributes=_attrs("bothy.question", d, "kind", "tool", "hold_s"),
-                summary=str(d.get("question", ""))))
+                summary=str(d.get("question", "")), content=True))
         elif r.kind == "question" and r.event in _QUESTION_ENDS:
             span = self._question or self._instant(r, "question", "question", {}, "")
             span.end, span.outcome = r.ts, r.outcome
@@ -170,7 +173,7 @@ class _Builder:
             self._instant(r, "late_answer", "late answer", {"bothy.answer.by": str(d.get("by", "")),
                                                              "bothy.late": True},
                           f"from {d.get('by', '?')}: {d.get('note', 'the run had moved on')}",
-                          parent="run")
+                          parent="run", content=True)
         elif r.kind == "tool" and r.event in ("allowed", "refused"):
             tool = str(d.get("tool", ""))
             attrs = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
@@ -178,7 +181,7 @@ class _Builder:
             if "code" in d:
                 attrs["bothy.refused_because"] = str(d["code"])
             why = d.get("why") or d.get("reason") or ""
-            self._instant(r, "tool", f"tool {tool} {r.event}", attrs, str(why))
+            self._instant(r, "tool", f"tool {tool} {r.event}", attrs, str(why), content=True)
         elif pair == ("tool", "ran"):
             ms = d.get("duration_ms")
             start = r.ts
@@ -194,10 +197,11 @@ class _Builder:
             if d.get("exit_code") is not None:
                 summary += f" (exit {d['exit_code']})"
             self._add(Span(self._key("ran"), f"{name} ran", start, r.ts, self._inside(),
-                           outcome=r.outcome, attributes=attrs, summary=summary))
+                           outcome=r.outcome, attributes=attrs, summary=summary, content=True))
         elif r.kind == "run" and r.event in ("verified", "verification-failed"):
             self._instant(r, "verification", f"verification {r.event}",
-                          _attrs("bothy.verification", d, "attempt"), str(d.get("reason", "")))
+                          _attrs("bothy.verification", d, "attempt"),
+                          str(d.get("failure") or d.get("reason") or ""), content=True)
         elif pair == ("worker", "stopped"):
             self._close_turn(r.ts)
             if self._worker is not None:
@@ -230,9 +234,10 @@ class _Builder:
                           {"bothy.record": f"{r.kind} {r.event}"}, "")
 
     def _instant(self, r: AuditRecord, stem: str, name: str, attrs: dict[str, Any],
-                 summary: str, *, parent: str | None = None) -> Span:
+                 summary: str, *, parent: str | None = None, content: bool = False) -> Span:
         return self._add(Span(self._key(stem), name, r.ts, r.ts, parent or self._inside(),
-                              outcome=r.outcome, attributes=attrs, summary=summary))
+                              outcome=r.outcome, attributes=attrs, summary=summary,
+                              content=content))
 
     def _close_turn(self, ts: datetime) -> None:
         if self._turn is not None:
@@ -297,15 +302,19 @@ def _duration(seconds: float) -> str:
 
 
 def otlp_request(run_id: str, spans: Iterable[Span], *, site: str | None = None,
-                 version: str = "") -> dict[str, Any]:
+                 version: str = "", include_content: bool = True) -> dict[str, Any]:
     """An ``ExportTraceServiceRequest`` in OTLP/JSON: hex ids, integer enums, lowerCamelCase
-    keys, 64-bit integers as decimal strings."""
+    keys, 64-bit integers as decimal strings.
+
+    Without ``include_content``, a span whose summary holds what a person or the model wrote
+    (a question, a command, a reason) carries neither it nor a status message made of it."""
     tid = trace_id(run_id)
     resource = [_kv("service.name", _SERVICE)]
     if site:
         resource.append(_kv("bothy.site", site))
     out = []
     for span in spans:
+        said = span.summary if include_content or not span.content else ""
         item: dict[str, Any] = {
             "traceId": tid,
             "spanId": span_id(run_id, span.key),
@@ -315,13 +324,12 @@ def otlp_request(run_id: str, spans: Iterable[Span], *, site: str | None = None,
             "endTimeUnixNano": str(_nanos(span.end)),
             "attributes": [_kv(k, v) for k, v in span.attributes.items() if v is not None],
             "status": {"code": span.status}
-            | ({"message": span.summary} if span.status == STATUS_ERROR and span.summary
-               else {}),
+            | ({"message": said or span.outcome} if span.status == STATUS_ERROR else {}),
         }
         if span.parent is not None:
             item["parentSpanId"] = span_id(run_id, span.parent)
-        if span.summary and span.status != STATUS_ERROR:
-            item["attributes"].append(_kv("bothy.summary", span.summary))
+        if said and span.status != STATUS_ERROR:
+            item["attributes"].append(_kv("bothy.summary", said))
         out.append(item)
     return {"resourceSpans": [{
         "resource": {"attributes": resource},
@@ -373,6 +381,12 @@ def send_otlp(url: str, request: Mapping[str, Any], *, timeout_s: float = 10.0,
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise OtlpRefused(f"cannot reach {url}: {reason}") from None
+    return otlp_answer(url, status, raw)
+
+
+def otlp_answer(url: str, status: int, raw: bytes) -> str:
+    """What an OTLP/HTTP receiver's answer means: what it said when it took the whole trace,
+    else :class:`OtlpRefused` (a non-2xx status, or a partial success rejecting spans)."""
     if not 200 <= status < 300:
         raise OtlpRefused(f"{url} answered {status}: {_message(raw)}")
     try:
