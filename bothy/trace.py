@@ -87,6 +87,7 @@ class _Builder:
         self._question: Span | None = None
         self._answered: Span | None = None  # the last question an answer ended
         self._turns = 0
+        self._turn_spans: dict[str, Span] = {}  # by Codex's turn id
         self._finished: datetime | None = None
         self._counts: dict[str, int] = {}
 
@@ -144,6 +145,7 @@ class _Builder:
                             **({"gen_ai.conversation.id": str(d["thread_id"])}
                                if "thread_id" in d else {})},
                 summary=f"model {model}"))
+            self._turn_spans[str(d.get("turn_id", ""))] = self._turn
             self.root.attributes.setdefault("gen_ai.request.model", model)
         elif pair == ("run", "question"):
             tool = str(d.get("tool", ""))
@@ -223,11 +225,13 @@ class _Builder:
                 self.root.attributes["bothy.reason"] = str(d["reason"])
             if "cost_usd" in d:
                 self.root.attributes["bothy.cost_micros"] = _micros(d["cost_usd"])
-            for ours, theirs in (("input_tokens", "gen_ai.usage.input_tokens"),
-                                 ("output_tokens", "gen_ai.usage.output_tokens")):
-                if isinstance(d.get(ours), int):
-                    self.root.attributes[theirs] = d[ours]
+            for used in d.get("turns") or []:  # what each turn used, as Codex reported it
+                if isinstance(used, dict) and str(used.get("turn_id")) in self._turn_spans:
+                    turn = self._turn_spans[str(used["turn_id"])]
+                    turn.summary = ", ".join(filter(None, (turn.summary, _usage(turn, used))))
+            tokens = _usage(self.root, d)
             self.root.summary = (f"{d.get('outcome', r.outcome)} cost {d.get('cost_usd', '?')} usd"
+                                 + (f", {tokens}" if tokens else "")
                                  + (f": {d['reason']}" if d.get("reason") else ""))
         else:
             self._instant(r, f"{r.kind}_{r.event}", f"{r.kind} {r.event}",
@@ -252,6 +256,20 @@ class _Builder:
             if span is not None and span.end < last:
                 span.end = last  # still open in the register: it lasts as far as we know
         return self.spans
+
+
+def _usage(span: Span, counts: Mapping[str, Any]) -> str:
+    """Set ``gen_ai.usage.input_tokens`` / ``output_tokens`` (GenAI conventions) from recorded
+    counts; what the tree says of them ("" when none were recorded)."""
+    found = {}
+    for ours, theirs in (("input_tokens", "gen_ai.usage.input_tokens"),
+                         ("output_tokens", "gen_ai.usage.output_tokens")):
+        value = counts.get(ours)
+        if isinstance(value, int) and not isinstance(value, bool):
+            span.attributes[theirs] = found[ours] = value
+    if not found:
+        return ""
+    return f"{found.get('input_tokens', 0)} in, {found.get('output_tokens', 0)} out tokens"
 
 
 def _attrs(prefix: str, details: Mapping[str, Any], *names: str) -> dict[str, Any]:
