@@ -353,7 +353,7 @@ class Supervisor:
             ended = await stream.follow(turn)
             if request.verify is None or ended.outcome is not Outcome.COMPLETED:
                 return ended
-            return await self._verify_loop(live, stream, turn, ended)
+            return await self._verify_loop(live, stream, turn, ended, model=thread.model)
 
     async def _thread(
         self, run_id: str, request: RunRequest, worker: Worker, toolbox: Toolbox, sandbox: str
@@ -382,7 +382,7 @@ class Supervisor:
         return thread
 
     async def _verify_loop(
-        self, live: LiveRun, stream: TurnStream, turn: Turn, ended: RunEnd
+        self, live: LiveRun, stream: TurnStream, turn: Turn, ended: RunEnd, *, model: str
     ) -> RunEnd:
         """Check the run's own work; on failure, a new turn is told what failed (≤ N tries)."""
         check = live.request.verify
@@ -403,6 +403,8 @@ class Supervisor:
                 f"Verification of your work failed (attempt {attempt} of"
                 f" {check.max_attempts}): {failure}\nFix it, then finish again."
             ), traceparent=traceparent(turn.run_id))
+            await self._turn_started(turn.run_id, turn.subject, model, turn.turn_id,
+                                     live.worker, thread_id=turn.thread_id)
             ended = await stream.follow(turn)
             if ended.outcome is not Outcome.COMPLETED:
                 return ended

@@ -70,16 +70,23 @@ class Turn:
     usage: dict[str, tuple[int, int]] = field(default_factory=dict)
     totals_at_start: dict[str, tuple[int, int]] = field(default_factory=dict)  # the thread's
     totals_seen: tuple[int, int] | None = None  # the thread's totals last reported
+    answering: set[str] = field(default_factory=set)  # turns whose model output has begun
 
 
 def _count_turn(turn: Turn, total: TokenUsage, last: TokenUsage | None) -> None:
     """What this turn used: the thread's totals now, less what they were when it began.
 
     Codex reports the thread's running totals (``total``, which a resumed thread carries over
-    from earlier runs) and the latest response's own (``last``): before the run's first report
-    the thread stood at ``total - last``; a later turn begins where the one before it ended.
+    from earlier runs) and the latest response's own (``last``). A report before the turn's
+    model output has begun is where the thread stands (Codex repeats a resumed thread's totals
+    at a turn's start). Otherwise a turn begins where the one before it ended, and before the
+    run's first report the thread stood at ``total - last``.
     """
     now = (total.input_tokens, total.output_tokens)
+    if turn.turn_id not in turn.answering:
+        turn.totals_at_start[turn.turn_id] = now
+        turn.totals_seen = now
+        return
     if turn.turn_id not in turn.totals_at_start:
         if turn.totals_seen is not None:
             turn.totals_at_start[turn.turn_id] = turn.totals_seen
@@ -191,6 +198,9 @@ class TurnStream:
         params = note.params
         if note.method == "item/agentMessage/delta":
             self._live.progress.text(str(params.get("delta", "")))
+        elif note.method == "item/started":
+            if (params.get("item") or {}).get("type") != "userMessage":
+                turn.answering.add(turn.turn_id)  # a token report after this is a response's
         elif note.method == "item/completed":
             item = params.get("item") or {}
             if item.get("type") == "agentMessage":
