@@ -554,6 +554,48 @@ class ChatConfig(_Section):
     alert_timeout_s: float = Field(default=10.0, gt=0, le=120)  # a command's one-shot alert post
 
 
+class OtelConfig(_Section):
+    """Where ``bothy serve`` sends every finished run's trace (OTLP/HTTP, JSON), and how hard
+    it tries (bothy/traceexport.py)."""
+
+    endpoint: str  # the full address to POST to, e.g. http://collector:4318/v1/traces
+    headers_env: dict[str, str] = Field(default_factory=dict)  # header name -> env var name
+    include_content: bool = False  # questions, commands, reasons: held back unless true
+    timeout_s: float = Field(default=10.0, gt=0, le=60)
+    max_attempts: int = Field(default=20, ge=1, le=1000)
+    retry_first_s: float = Field(default=5.0, gt=0, le=3600)
+    retry_max_s: float = Field(default=600.0, gt=0, le=86400)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        scheme, _, rest = value.partition("://")
+        host = rest.split("/", 1)[0].rsplit("@", 1)[-1]
+        if scheme.lower() not in ("http", "https") or not host:
+            raise ValueError("expected the http:// or https:// address to POST traces to,"
+                             " e.g. http://collector:4318/v1/traces")
+        return value
+
+    @field_validator("headers_env")
+    @classmethod
+    def _header_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for header, env in value.items():
+            if not _HEADER_NAME.match(header):
+                raise ValueError(f"{header!r} is not an HTTP header name")
+            if header.lower() == "content-type":
+                raise ValueError("Content-Type is application/json: the exporter sets it")
+            if not _ENV_NAME.match(env):
+                raise ValueError(f"{env!r} is not an environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _retries_in_order(self) -> OtelConfig:
+        if self.retry_max_s < self.retry_first_s:
+            raise ValueError(f"retry_max_s ({self.retry_max_s}) is shorter than"
+                             f" retry_first_s ({self.retry_first_s})")
+        return self
+
+
 class Config(_Section):
     """The whole configuration of one Bothy site."""
 
@@ -571,6 +613,7 @@ class Config(_Section):
     wakes: WakesConfig = Field(default_factory=WakesConfig)
     chat: ChatConfig = Field(default_factory=ChatConfig)
     secrets_file: Path | None = None  # 0600 NAME=value file read when a variable is not set
+    otel: OtelConfig | None = None  # off unless set: bothy serve exports nothing
 
     @field_validator("site")
     @classmethod

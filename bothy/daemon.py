@@ -42,6 +42,7 @@ from bothy.engine.questions import QuestionBoard
 from bothy.errors import AuditIntegrityError, BothyError, ConfigError, TemporaryFailure
 from bothy.home import BothyHome
 from bothy.runtime import Runtime
+from bothy.traceexport import TraceExporter
 from bothy.waits import first_of, recording_stop_signals
 from bothy.wakes.dispatcher import Dispatcher
 from bothy.wakes.handlers import unattended
@@ -141,10 +142,17 @@ class Daemon:
         self.state = State.READY
         await asyncio.to_thread(self._publish, "ready")
         polls_stop = asyncio.Event()
+        exports_stop = asyncio.Event()
         async with asyncio.TaskGroup() as group, _http_client(self._cfg) as http:
             intake = group.create_task(dispatcher.run(), name="dispatcher")
             if chat is not None:
                 group.create_task(chat.watch(rt), name="chat liveness")
+            if self._cfg.otel is not None:  # every finished run's trace, to an OTLP receiver
+                exporter = TraceExporter(
+                    self._cfg.otel, audit=rt.audit, site=self._cfg.site, clock=rt.clock,
+                    queue_path=self._home.state_dir / "otel-queue.json", http=http,
+                    environ=os.environ)
+                group.create_task(exporter.run(exports_stop), name="otel")
             for name, spec in self._cfg.pollers.items():
                 one = Poller(name, spec, inbox=inbox, db=rt.db, audit=rt.audit, clock=rt.clock,
                              http=http, environ=os.environ, cwd=self._cfg.workspace,
@@ -162,6 +170,7 @@ class Daemon:
             dispatcher.stop_intake()
             await intake
             await self._drain(dispatcher)
+            exports_stop.set()  # what is still queued is sent by the next start
             if chat is not None:
                 # Last: the runs ending in the drain answer in their threads, and alerts go
                 # out, through it. A mention meanwhile is made durable and runs after a restart.
@@ -338,6 +347,11 @@ class _Chat:
 
 
 def _check_secrets(cfg: Config) -> None:
+    for header, var in (cfg.otel.headers_env.items() if cfg.otel is not None else ()):
+        if not os.environ.get(var):
+            raise ConfigError(
+                f"otel.headers_env: {var} (the value of the {header} header) is not set in the"
+                " environment; every export would be refused", key="otel.headers_env")
     for name, route in cfg.webhooks.items():
         if not any(os.environ.get(var) for var in route.secret_env):
             names = ", ".join(route.secret_env)
