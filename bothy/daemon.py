@@ -23,7 +23,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -47,6 +47,9 @@ from bothy.wakes.poller import Poller
 from bothy.wakes.schedule_runner import ScheduleRunner
 from bothy.wakes.schedules import ScheduleStore
 from bothy.wakes.webhook import WebhookListener
+
+if TYPE_CHECKING:
+    from bothy.web import StatusSite
 
 _LISTEN_HOST = "127.0.0.1"  # Tailscale (serve / funnel) carries outside traffic to loopback
 _STOP_WAIT_S = 30.0
@@ -82,6 +85,7 @@ class Daemon:
         self._hurry = asyncio.Event()
         self.ports: dict[str, int] = {}
         self.chat_state: dict[str, str] = {}
+        self._web: StatusSite | None = None
 
     async def serve(self) -> int:
         """Run until a stop signal; return the exit code of a clean stop."""
@@ -143,6 +147,8 @@ class Daemon:
             self.state = State.DRAINING
             for listener in listeners:
                 await listener.stop()
+            if self._web is not None:
+                self._web.close()
             if chat is not None:
                 await chat.stop()
             await schedules.stop()
@@ -158,13 +164,23 @@ class Daemon:
         doors = [("tailnet", False, self._cfg.listen.tailnet_port)]
         if self._cfg.listen.public_port is not None:
             doors.append(("public", True, self._cfg.listen.public_port))
+        pages = self._web = self._pages(rt)
         for name, public, port in doors:
             listener = WebhookListener(self._cfg.webhooks, public=public, inbox=inbox,
                                        audit=rt.audit, environ=os.environ, clock=rt.clock,
-                                       on_accepted=dispatcher.poke)
+                                       on_accepted=dispatcher.poke,
+                                       pages=None if public else pages)
             self.ports[name] = await listener.start(_LISTEN_HOST, port)
             listeners.append(listener)
         return listeners
+
+    def _pages(self, rt: Runtime) -> StatusSite | None:
+        """The status pages for the tailnet door (``web.enabled``), read-only."""
+        if not self._cfg.web.enabled:
+            return None
+        from bothy.web import StatusSite  # Jinja2 and the templates only when pages are served
+
+        return StatusSite(self._home, self._cfg, started_at=rt.clock(), environ=os.environ)
 
     def _publish(self, state: str | None) -> None:
         """What `bothy status` shows of this daemon: ``state/serve.json`` (gone when stopped)."""
