@@ -31,6 +31,7 @@ __all__ = ["FILTERS", "BadFilter", "PageData", "RunFilter"]
 
 RUNS_PER_PAGE = 100
 _ALERTS_SHOWN = 10
+_SPEND_BUCKET_US = 300 * 1_000_000
 _LANE_MAX_CHARS = 200
 # What a run's "outcome" may be filtered on: how it ended, or that it has not yet.
 FILTERS = ("queued", "running", *(outcome.value for outcome in Outcome))
@@ -100,17 +101,14 @@ class PageData:
             "spend_chart": None, "plan_chart": None,
             "runs_today": {},
             "register": register,
-            "alerts": [_alert(r, zone) for r in register.recent if r.kind == "alert"][
-                -_ALERTS_SHOWN:][::-1],
+            "alerts": [_alert(r, zone) for r in register.alerts[-_ALERTS_SHOWN:]][::-1],
             "schedules": sorted(status["schedules"],
                                 key=lambda s: (s["next_fire"] is None, s["next_fire"] or "")),
         }
         with self._db() as db:
             if db is not None:
                 page["runs_today"] = _runs_today(db, to_us(day_start))
-                spends = [(row[0], row[1]) for row in db.execute(
-                    "SELECT at_us, micros FROM spend WHERE day = ? ORDER BY at_us",
-                    (status["day"],))]
+                spends = _spend_steps(db, status["day"])
             else:
                 spends = []
         if status["budget_mode"] == "plan":
@@ -258,11 +256,22 @@ def _lanes(status: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(lanes.values(), key=lambda lane: str(lane["lane"]))
 
 
+def _spend_steps(db: sqlite3.Connection, day: str) -> list[tuple[int, int]]:
+    """Today's spend as (end of a five-minute bucket, micro-dollars in it), oldest first: at
+    most 288 steps to draw, however many runs the day had (the total is exact)."""
+    return [(int(row[0]), int(row[1])) for row in db.execute(
+        "SELECT MAX(at_us), SUM(micros) FROM spend WHERE day = ?"
+        " GROUP BY at_us / ? ORDER BY 1", (day, _SPEND_BUCKET_US))]
+
+
 def _runs_today(db: sqlite3.Connection, since_us: int) -> dict[str, int]:
     counts: dict[str, int] = {}
     for row in db.execute(
             "SELECT CASE status WHEN 'finished' THEN outcome ELSE status END, COUNT(*)"
-            " FROM runs WHERE admitted_us >= ? GROUP BY 1 ORDER BY 1", (since_us,)):
+            # Runs are numbered as they are admitted: walk back from the newest (by rowid,
+            # no index needed) to the last one admitted before the day began.
+            " FROM runs WHERE seq > COALESCE((SELECT seq FROM runs WHERE admitted_us < ?"
+            " ORDER BY seq DESC LIMIT 1), 0) GROUP BY 1 ORDER BY 1", (since_us,)):
         counts[str(row[0])] = int(row[1])
     return counts
 

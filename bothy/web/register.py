@@ -18,6 +18,7 @@ from bothy.engine.auditrecord import parse_line
 __all__ = ["RegisterState", "RegisterView"]
 
 _TAIL_BYTES = 256 * 1024
+_ALERT = b'"kind":"alert"'  # as the canonical line writes it (bothy.engine.auditrecord)
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,8 @@ class RegisterState:
     anchored: tuple[int, str] | None  # (seq, hash) a writer verified the chain up to
     last_seq: int | None  # the last record in the file, verified or not
     last_hash: str | None
-    recent: list[AuditRecord]  # the latest records read, oldest first
+    alerts: list[AuditRecord]  # the alert records among the latest, oldest first
+    looked_at: int  # how many of the latest records were looked through for them
     size_bytes: int
 
 
@@ -40,12 +42,18 @@ class RegisterView:
         self._tail_bytes = tail_bytes
 
     def state(self) -> RegisterState:
-        recent, size = self._tail()
-        last = recent[-1] if recent else None
+        lines, size = self._tail()
+        # Only the lines that can be alerts are parsed (a byte test first), and the last one.
+        alerts = [parsed for line in lines if _ALERT in line
+                  if not isinstance(parsed := parse_line(line), str) and parsed.kind == "alert"]
+        last = parse_line(lines[-1]) if lines else None
+        if isinstance(last, str):
+            last = None
         return RegisterState(self._log.anchored_head(), last.seq if last else None,
-                             last.hash if last else None, recent, size)
+                             last.hash if last else None, alerts, len(lines), size)
 
-    def _tail(self) -> tuple[list[AuditRecord], int]:
+    def _tail(self) -> tuple[list[bytes], int]:
+        """The whole lines among the last ``tail_bytes`` of the file, and its size."""
         try:
             fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -59,9 +67,4 @@ class RegisterView:
         lines = raw.split(b"\n")
         if start > 0:
             lines = lines[1:]  # cut mid-record: the first piece is not a whole line
-        found = []
-        for line in lines[:-1]:  # the piece after the last newline is not a whole record
-            parsed = parse_line(line)
-            if not isinstance(parsed, str):
-                found.append(parsed)
-        return found, size
+        return lines[:-1], size  # the piece after the last newline is not a whole record
