@@ -241,3 +241,41 @@ def test_a_site_without_state_still_has_its_config_checked(tmp_path: Path) -> No
     site = Site(tmp_path, "http://127.0.0.1:9/v1", web={"refresh_s": 1})
     with pytest.raises(ConfigError, match=r"web\.refresh_s"):
         parse_config(site.config, path=site.home / "config.json")
+
+
+@pytest.mark.codex
+async def test_an_alert_and_a_broken_state_are_shown_as_text(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """The alert `bothy audit repair` raised is in the overview's recent alerts, its reason as
+    text; a state database that cannot be read is a 503 naming it, not a traceback."""
+    site = serve_site(tmp_path, server)
+    sop = tmp_path / "sop.md"
+    sop.write_text("Check the backups.\n")
+    async with Shell(site) as shell:
+        assert (await shell.bothy("sop", "set", "backups", "--file", str(sop))).code == 0
+        site.audit_path.write_bytes(site.audit_path.read_bytes().replace(b'"ok"', b'"OK"', 1))
+        assert (await shell.bothy("audit", "repair")).code == 0
+        serving = await start_serve(shell)
+        async with _client(serving.port) as client:
+            page = await client.get("/bothy/")
+            # The database (and its WAL) set aside while serve, idle, keeps its open copy;
+            # the pages open what is at the path now.
+            files = [site.home / "state" / f"bothy.sqlite3{end}" for end in ("", "-wal", "-shm")]
+            for path in files:
+                path.rename(path.with_name(path.name + ".kept"))
+            files[0].write_bytes(b"not a database " * 100)
+            try:
+                broken = await client.get("/bothy/runs")
+            finally:
+                for path in files:
+                    path.with_name(path.name + ".kept").replace(path)
+        assert await serving.stop() == 0
+
+    assert page.status_code == 200
+    [alert] = re.findall(r'<li class="alert alert-critical">(.*?)</li>', page.text, re.S)
+    assert "<strong>critical</strong> the register: repaired at seq 1: record 0001 was" \
+        " altered: its hash does not match its content" in alert
+    assert alert.endswith("— undelivered")
+    assert broken.status_code == 503
+    assert "cannot read the site&#39;s state:" in broken.text and "Traceback" not in broken.text

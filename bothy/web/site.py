@@ -22,6 +22,7 @@ import asyncio
 import concurrent.futures
 import json
 import re
+import sqlite3
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from importlib import resources
@@ -85,7 +86,9 @@ class StatusSite:
         """Answer one request; a failure reading state is a 503 naming it, never a traceback."""
         try:
             response = await self._answer(request)
-        except BothyError as exc:  # a corrupt state database, a config edited into an error
+        except (BothyError, sqlite3.Error, OSError) as exc:
+            # A corrupt or locked state database, an unreadable register, a config edited
+            # into an error: said, never a traceback.
             response = self._refusal(request, 503, f"cannot read the site's state: {exc}")
         response.headers.update(_HEADERS)
         return response
