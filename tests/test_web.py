@@ -279,3 +279,40 @@ async def test_an_alert_and_a_broken_state_are_shown_as_text(
     assert alert.endswith("— undelivered")
     assert broken.status_code == 503
     assert "cannot read the site&#39;s state:" in broken.text and "Traceback" not in broken.text
+
+
+@pytest.mark.codex
+async def test_in_plan_mode_the_overview_draws_the_windows_status_reports(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """A plan-mode site after a run that learnt the windows from real rate-limit headers: the
+    overview's ceiling and each window's use are `bothy status --json`'s, drawn as bars."""
+    import time
+
+    from tests.fakes.model_server import RateLimits, RateLimitWindow, text
+
+    site = serve_site(tmp_path, server)
+    site.config["budget"] = {"mode": "plan", "plan_ceiling_percent": 85,
+                             "plan_reserve_percent": 2}
+    site.write_config(site.config)
+    reset_at = int(time.time()) + 3600
+    server.script(text("Learnt the windows.", rate_limits=RateLimits(
+        primary=RateLimitWindow(40, 300, reset_at),
+        secondary=RateLimitWindow(12, 10080, reset_at + 86_400))))
+    async with Shell(site) as shell:
+        assert (await shell.bothy("run", "learn", "--subject", "ops")).code == 0
+        serving = await start_serve(shell)
+        async with _client(serving.port) as client:
+            page = await client.get("/bothy/")
+            status = (await client.get("/bothy/api/status")).json()
+        assert await serving.stop() == 0
+
+    assert page.status_code == 200
+    plan = status["plan"]
+    assert [(w["name"], w["used_percent"]) for w in plan["windows"]] == [
+        ("primary", 40), ("secondary", 12)]
+    assert f'<span id="plan-ceiling">{plan["ceiling_percent"]}</span>%' in page.text
+    assert re.findall(r'<td class="window-used">(\d+)%</td>', page.text) == ["40", "12"]
+    bars = re.findall(r'<rect class="used" [^>]*><title>(.*?)</title>', page.text)
+    assert bars == ["primary: 40% used", "secondary: 12% used"]
+    assert 'id="spend-chart"' not in page.text
