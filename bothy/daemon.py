@@ -180,7 +180,8 @@ class Daemon:
             return None
         from bothy.web import StatusSite  # Jinja2 and the templates only when pages are served
 
-        return StatusSite(self._home, self._cfg, started_at=rt.clock(), environ=os.environ)
+        return StatusSite(self._home, self._cfg, started_at=rt.clock(), environ=os.environ,
+                          clock=rt.clock)
 
     def _publish(self, state: str | None) -> None:
         """What `bothy status` shows of this daemon: ``state/serve.json`` (gone when stopped)."""
