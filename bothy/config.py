@@ -388,6 +388,10 @@ class WebhookJob(WakeJob):
     author_associations: list[str] = Field(default_factory=list)  # empty = anyone
 
 
+# Where the status pages live on the tailnet door (bothy.web); no webhook route may be there.
+PAGES_PREFIX = "/bothy/"
+
+
 class WebhookRoute(_Section):
     """A signed route: GitHub's X-Hub-Signature-256, or a generic HMAC-SHA256 header."""
 
@@ -400,6 +404,23 @@ class WebhookRoute(_Section):
     delivery_header: str = "X-Delivery-Id"  # hmac routes: the dedupe key
     event_header: str = "X-Event"  # hmac routes
     jobs: list[WebhookJob] = Field(default_factory=list)
+
+    @field_validator("path")
+    @classmethod
+    def _clear_of_the_pages(cls, value: str) -> str:
+        if value == PAGES_PREFIX.rstrip("/") or value.startswith(PAGES_PREFIX):
+            raise ValueError(f"{value!r} is under {PAGES_PREFIX}, where bothy serve's status"
+                             " pages live: choose another path, e.g. /hooks/github")
+        return value
+
+
+class WebConfig(_Section):
+    """The status pages on the tailnet door (``/bothy/``): read-only, never on the public one."""
+
+    enabled: bool = True
+    # The variable holding the optional access token; unset or empty: no token is asked.
+    token_env: str = Field(default="BOTHY_WEB_TOKEN", pattern=_ENV_NAME.pattern)
+    refresh_s: int = Field(default=15, ge=2, le=3600)  # the pages reload themselves this often
 
 
 # RFC 9110 §5.1: a field name is a token.
@@ -614,6 +635,7 @@ class Config(_Section):
     chat: ChatConfig = Field(default_factory=ChatConfig)
     secrets_file: Path | None = None  # 0600 NAME=value file read when a variable is not set
     otel: OtelConfig | None = None  # off unless set: bothy serve exports nothing
+    web: WebConfig = Field(default_factory=WebConfig)
 
     @field_validator("site")
     @classmethod

@@ -24,7 +24,7 @@ import json
 import os
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -52,6 +52,9 @@ from bothy.wakes.reports import Reports
 from bothy.wakes.schedule_runner import ScheduleRunner
 from bothy.wakes.schedules import ScheduleStore
 from bothy.wakes.webhook import WebhookListener
+
+if TYPE_CHECKING:
+    from bothy.web import StatusSite
 
 _LISTEN_HOST = "127.0.0.1"  # Tailscale (serve / funnel) carries outside traffic to loopback
 _STOP_WAIT_S = 30.0
@@ -89,6 +92,7 @@ class Daemon:
         self.chat_state: dict[str, str] = {}
         self._alerts_routed = False  # an alert channel is configured and connected
         self._chat_heard: dict[str, dict[str, Any]] = {}
+        self._web: StatusSite | None = None
 
     async def serve(self) -> int:
         """Run until a stop signal; return the exit code of a clean stop."""
@@ -165,6 +169,8 @@ class Daemon:
             self.state = State.DRAINING
             for listener in listeners:
                 await listener.stop()
+            if self._web is not None:
+                self._web.close()
             await schedules.stop()
             polls_stop.set()
             dispatcher.stop_intake()
@@ -183,13 +189,24 @@ class Daemon:
         doors = [("tailnet", False, self._cfg.listen.tailnet_port)]
         if self._cfg.listen.public_port is not None:
             doors.append(("public", True, self._cfg.listen.public_port))
+        pages = self._web = self._pages(rt)
         for name, public, port in doors:
             listener = WebhookListener(self._cfg.webhooks, public=public, inbox=inbox,
                                        audit=rt.audit, environ=os.environ, clock=rt.clock,
-                                       on_accepted=dispatcher.poke)
+                                       on_accepted=dispatcher.poke,
+                                       pages=None if public else pages)
             self.ports[name] = await listener.start(_LISTEN_HOST, port)
             listeners.append(listener)
         return listeners
+
+    def _pages(self, rt: Runtime) -> StatusSite | None:
+        """The status pages for the tailnet door (``web.enabled``), read-only."""
+        if not self._cfg.web.enabled:
+            return None
+        from bothy.web import StatusSite  # Jinja2 and the templates only when pages are served
+
+        return StatusSite(self._home, self._cfg, started_at=rt.clock(), environ=os.environ,
+                          clock=rt.clock)
 
     def _publish(self, state: str | None) -> None:
         """What `bothy status` shows of this daemon: ``state/serve.json`` (gone when stopped)."""

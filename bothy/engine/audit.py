@@ -346,6 +346,23 @@ class AuditLog:
         return _against_anchor(report, _read_checkpoint(self.checkpoint_path),
                                self.checkpoint_path)
 
+    def anchored_head(self) -> tuple[int, str] | None:
+        """The seq and hash of the last record appended by a writer that had verified the
+        chain up to it (the checkpoint), while the checkpoint still describes the register;
+        None otherwise. Cheap: a short read at the checkpoint's offset, no walk of the chain
+        (the status pages show it on every load)."""
+        point = _read_checkpoint(self.checkpoint_path)
+        if point is None:
+            return None
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            return (point.seq, point.hash) if point.describes(fd, os.fstat(fd)) else None
+        finally:
+            os.close(fd)
+
     def _verify_segments(self, *, settle: bool) -> VerifyReport:
         return _verify_file(self.path, self._lock_path if settle else None, None, 0)
 
