@@ -3,7 +3,8 @@
 Start-up, in order: single-instance lock → state → audit → recovery (orphaned worker groups
 ended, wakes that never started queued again, wakes whose run was under way closed) →
 listeners → dispatcher → schedules (a fire missed while down is queued once, then the timers
-start). Shutdown runs in reverse: stop intake (listeners, the schedule timers, then the
+start); while ready, the register's head is published once a day (engine/headpublisher.py).
+Shutdown runs in reverse: stop intake (listeners, the schedule timers, then the
 dispatcher's intake) → let in-flight runs finish within ``wakes.shutdown_grace_s`` → ask them
 to stop (they interrupt, settle and reap their groups) → cancel what is left → final audit
 record. A second signal skips the waits. Signal handlers only record; the main task acts.
@@ -23,6 +24,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import httpx
 
@@ -34,6 +36,7 @@ from bothy.chat.liveness import ConnectionView, Liveness, Watched
 from bothy.chat.router import ChatRouter
 from bothy.config import Config
 from bothy.engine.audit import AuditLog
+from bothy.engine.headpublisher import HeadPublisher
 from bothy.engine.procgroup import process_start_time
 from bothy.engine.questions import QuestionBoard
 from bothy.errors import AuditIntegrityError, BothyError, ConfigError, TemporaryFailure
@@ -82,6 +85,7 @@ class Daemon:
         self._hurry = asyncio.Event()
         self.ports: dict[str, int] = {}
         self.chat_state: dict[str, str] = {}
+        self._alerts_routed = False  # an alert channel is configured and connected
         self._chat_heard: dict[str, dict[str, Any]] = {}
 
     async def serve(self) -> int:
@@ -142,6 +146,9 @@ class Daemon:
                              http=http, environ=os.environ, cwd=self._cfg.workspace,
                              on_accepted=dispatcher.poke, alerts=rt.alerts)
                 group.create_task(_keep_polling(one, polls_stop, rt), name=f"poll-{name}")
+            heads = HeadPublisher(rt.audit, rt.alerts, post_heads=self._alerts_routed,
+                                  zone=ZoneInfo(self._cfg.budget.timezone), clock=rt.clock)
+            group.create_task(heads.run(polls_stop), name="audit-head")
             await self._stop.wait()
             self.state = State.DRAINING
             for listener in listeners:
@@ -239,6 +246,7 @@ class Daemon:
         if any(s is not None and s.alert_channel
                for s in (self._cfg.chat.slack, self._cfg.chat.discord)):
             rt.alerts.route_to(router.post_alert)
+            self._alerts_routed = True
         liveness = Liveness(watched, silent_after_s, audit=rt.audit, alerts=rt.alerts,
                             clock=rt.clock, publish=self._publish_chat)
         return _Chat(router, adapters, liveness)

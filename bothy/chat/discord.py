@@ -35,11 +35,12 @@ acknowledged a heartbeat (discord.py's debug events show both). :meth:`~DiscordA
 first closes the socket with 4000, which discord.py answers by reconnecting with a RESUME
 (Discord replays what was missed); if nothing comes back, it starts a new client.
 
-Outgoing messages are split with :func:`split_text` at :data:`DISCORD_MAX_CHARS` and each
+Outgoing text goes through ``chat/formatting.py`` (:func:`discord_pieces`: ``@everyone`` and
+``@here`` defused, pieces of at most 2,000 characters) and each
 piece carries a fresh ``nonce`` with ``enforce_nonce`` (discord.py sends both): when discord.py
 retries a request whose response was lost (a 5xx), Discord returns the message it already made
-instead of posting it twice. Nothing the bot posts pings anyone (``AllowedMentions.none()``):
-an answer quoting ``@everyone`` stays text.
+instead of posting it twice. Nothing the bot posts pings anyone (``AllowedMentions.none()``,
+sent as ``{"parse": []}``): an answer quoting ``@everyone`` or ``<@id>`` stays text.
 
 No ``discord`` or ``aiohttp`` exception leaves this module (:func:`translate_error`): a refused
 token (401, close 4004) or a refused intent (4013, 4014) is :class:`ChatAuthError`, an
@@ -63,7 +64,8 @@ from typing import Literal
 
 import aiohttp
 
-from bothy.chat.base import DISCORD_MAX_CHARS, ChatMessage, OnLost, OnMessage, split_text
+from bothy.chat.base import ChatMessage, OnLost, OnMessage
+from bothy.chat.formatting import discord_pieces
 from bothy.chat.liveness import Heard
 from bothy.config import DiscordConfig
 from bothy.errors import ChatAuthError, ChatError, ChatUnavailable
@@ -88,7 +90,7 @@ _THREAD_NAME_MAX = 100  # contracts.md §3.4: 1–100 characters
 _THREAD_ARCHIVE_MIN: Literal[10080] = 10080  # a week: the thread stays listed while runs ask
 _NONCE_HEX_BYTES = 12  # 24 characters; Discord accepts at most 25
 _MAX_RATELIMIT_WAIT_S = 60.0  # a longer Retry-After is an error (ChatUnavailable), not a wait
-_NO_PINGS = discord.AllowedMentions.none()
+_NO_PINGS = discord.AllowedMentions.none()  # sent as formatting's DISCORD_NO_PINGS
 # The router names reactions as Slack does; Discord wants the character itself and answers a
 # bare name with 400 Unknown Emoji (code 10014).
 _EMOJI = {"eyes": "\N{EYES}"}
@@ -492,7 +494,7 @@ class DiscordAdapter:
         destination = client.get_partial_messageable(channel_id)
         sent: list[str] = []
         with _boundary(attempted):
-            for piece in split_text(text, DISCORD_MAX_CHARS):
+            for piece in discord_pieces(text):  # the one place text becomes a Discord post
                 message = await destination.send(
                     piece, nonce=secrets.token_hex(_NONCE_HEX_BYTES), allowed_mentions=_NO_PINGS)
                 sent.append(str(message.id))

@@ -60,13 +60,12 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bothy.chat.base import (
-    SLACK_MAX_CHARS,
     ChatAdapter,
     ChatMessage,
     OnLost,
     OnMessage,
-    split_text,
 )
+from bothy.chat.formatting import slack_pieces
 from bothy.chat.liveness import Heard, Watched
 from bothy.config import SlackConfig
 from bothy.errors import ChatAuthError, ChatError, ChatUnavailable
@@ -396,7 +395,8 @@ class SlackAdapter:
         return message.thread
 
     async def post(self, channel: str, thread: str, text: str) -> list[str]:
-        """Post ``text`` in ``thread``, split at ≤ 4,000 characters; returns each piece's ts."""
+        """Post ``text`` (Markdown) in ``thread`` as mrkdwn that pings nobody
+        (``chat/formatting.py``), split at ≤ 4,000 characters; returns each piece's ts."""
         return await self._post(channel, thread, text)
 
     async def post_alert(self, channel: str, text: str) -> list[str]:
@@ -407,7 +407,7 @@ class SlackAdapter:
         web = self._ready()
         where = f"{channel} thread {thread}" if thread else channel
         posted: list[str] = []
-        for piece in split_text(text, SLACK_MAX_CHARS):
+        for piece in slack_pieces(text):  # the one place text becomes a Slack post
             response = await self._call(
                 f"post in {where} (piece {len(posted) + 1}, {len(posted)} posted)",
                 web.chat_postMessage(channel=channel, text=piece, thread_ts=thread),

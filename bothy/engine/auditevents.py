@@ -62,8 +62,9 @@ EVENTS = EventTable({
     "question": ("answered", "timed_out", "stopped", "declined"),  # asked: `run question`
     "answer": ("received", "ignored", "late"),
     "mcp": ("failed",),
-    # The register itself: a broken one set aside by `bothy audit repair`.
-    "audit": ("repaired",),
+    # The register itself: a broken one set aside by `bothy audit repair`; the head that
+    # `bothy serve` publishes daily.
+    "audit": ("repaired", "head"),
     # Somebody should know.
     "alert": ("sent", "undelivered", "suppressed"),
     # The daemon and its doors.

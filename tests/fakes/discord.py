@@ -129,7 +129,8 @@ class Certificates:
             "extendedKeyUsage=serverAuth\n"
             "subjectKeyIdentifier=hash\n"
             "authorityKeyIdentifier=keyid\n"
-            "subjectAltName=" + ",".join(f"DNS:{host}" for host in HOSTS) + "\n"
+            # 127.0.0.1 too: a one-shot REST post is pointed at the fake by its api_url.
+            "subjectAltName=" + ",".join(f"DNS:{host}" for host in HOSTS) + ",IP:127.0.0.1\n"
         )
         ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
         for argv in (
@@ -186,6 +187,7 @@ class Post:
     content: str
     nonce: str | None
     enforce_nonce: bool
+    allowed_mentions: JSON | None = None  # as the request carried it (None: absent)
 
 
 @dataclass(frozen=True)
@@ -344,6 +346,12 @@ class FakeDiscord:
     def port(self) -> int:
         """The TCP port on 127.0.0.1 every Discord host resolves to."""
         return self._port
+
+    @property
+    def api_url(self) -> str:
+        """The REST base URL by address (``chat.discord.api_url``): the certificate names
+        127.0.0.1 too, so a client trusting :attr:`Certificates.ca_pem` verifies it."""
+        return f"https://127.0.0.1:{self._port}/api/v10"
 
     def connector(self) -> aiohttp.TCPConnector:
         """An aiohttp connector that reaches this fake for the Discord hosts, verifying TLS
@@ -775,7 +783,8 @@ class FakeDiscord:
         if self._is_thread(channel_id):
             self._thread_members[channel_id].add(BOT_ID)  # posting in a thread joins it
         self.posts.append(Post(channel_id, message["id"], content, nonce,
-                               bool(body.get("enforce_nonce"))))
+                               bool(body.get("enforce_nonce")),
+                               allowed_mentions=body.get("allowed_mentions")))
         await self._dispatch_message(message)
         return _json(message)
 

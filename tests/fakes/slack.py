@@ -15,9 +15,9 @@ Socket Mode client connects to the URL ``apps.connections.open`` returns
         slack.silence()               # the current socket stays open but answers nothing
 
 Web API: ``auth.test``, ``apps.connections.open``, ``chat.postMessage``, ``chat.update``,
-``reactions.add``, ``conversations.replies``, ``users.info``. Every call is recorded in
-``calls`` (method, token, arguments); a token other than ``bot_token`` (``app_token`` for
-``apps.connections.open``) is answered ``invalid_auth``, as Slack does (HTTP 200,
+``chat.getPermalink``, ``reactions.add``, ``conversations.replies``, ``users.info``. Every
+call is recorded in ``calls`` (method, token, arguments); a token other than ``bot_token``
+(``app_token`` for ``apps.connections.open``) is answered ``invalid_auth``, as Slack does (HTTP 200,
 ``ok: false``). Posts are kept in ``posts``; by default each one is echoed back over the
 socket as a ``message`` event from the bot, as Slack does for an app subscribed to
 ``message.channels``, so the bot's self-filter is exercised.
@@ -61,6 +61,7 @@ BOT_USER_ID = "UBOTHY01"
 BOT_ID = "BBOTHY01"
 TEAM_ID = "TFAKE001"
 APP_ID = "AFAKE001"
+PERMALINK_BASE = "https://fake.slack.example"
 
 
 @dataclass(frozen=True)
@@ -339,6 +340,7 @@ class FakeSlack:
             "apps.connections.open": self._connections_open,
             "chat.postMessage": self._post_message,
             "chat.update": self._update,
+            "chat.getPermalink": self._permalink,
             "reactions.add": self._reactions_add,
             "conversations.replies": self._replies,
             "users.info": self._users_info,
@@ -406,6 +408,13 @@ class FakeSlack:
         if self.echo_own_posts:
             self._send_event(dict(message, channel_type="channel", event_ts=ts), ts)
         return {"ok": True, "channel": channel, "ts": ts, "message": message}
+
+    def _permalink(self, args: dict[str, Any]) -> dict[str, Any]:
+        channel, ts = str(args.get("channel", "")), str(args.get("message_ts", ""))
+        if not channel or not ts:
+            return {"ok": False, "error": "message_not_found"}
+        return {"ok": True, "channel": channel,
+                "permalink": f"{PERMALINK_BASE}/archives/{channel}/p{ts.replace('.', '')}"}
 
     def _update(self, args: dict[str, Any]) -> dict[str, Any]:
         ts = str(args.get("ts", ""))
