@@ -489,6 +489,31 @@ class DiscordAdapter:
         return await self._send(_snowflake(target, "alert channel"), text,
                                 f"post an alert in Discord channel {target}")
 
+    async def link(self, channel: str, thread: str) -> str | None:
+        """The thread's jump URL (``https://discord.com/channels/{guild}/{thread}``); for a
+        mention whose thread was never started, the message's
+        (``…/{guild}/{channel}/{message}``); None if Discord does not say which guild."""
+        client = self._connected_or_none()
+        if client is None or not (_is_snowflake(channel) and _is_snowflake(thread)):
+            return None
+        for target, tail in ((thread, thread), (channel, f"{channel}/{thread}")):
+            try:
+                with _boundary(f"link to Discord channel {target}"):
+                    found = (client.get_channel(int(target))
+                             or await client.fetch_channel(int(target)))
+            except ChatError:
+                continue  # a mention's id is not a channel until its thread is started
+            guild = getattr(found, "guild", None)
+            if guild is not None:
+                return f"https://discord.com/channels/{guild.id}/{tail}"
+        return None
+
+    def _connected_or_none(self) -> _Gateway | None:
+        try:
+            return self._connected()
+        except ChatUnavailable:
+            return None
+
     async def _send(self, channel_id: int, text: str, attempted: str) -> list[str]:
         client = self._connected()
         destination = client.get_partial_messageable(channel_id)
@@ -618,6 +643,10 @@ def _reason(exc: Exception) -> str:
         text = ""
     name = type(exc).__name__
     return f"{name}: {text}" if text else name
+
+
+def _is_snowflake(value: str) -> bool:
+    return re.fullmatch(r"[0-9]{1,20}", value) is not None
 
 
 def _snowflake(value: str, what: str) -> int:
