@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.codex, pytest.mark.timeout(90)]
 OPERATOR = "UOPERATOR"
 CHANNEL = "CWORK"
 ALERTS = "CALERTS"
-SILENT_AFTER_S = 2.0
+SILENT_AFTER_S = 3.0  # well above a ping round trip on a loaded 2-core machine
 
 
 @pytest.fixture(autouse=True)
@@ -266,8 +266,9 @@ async def test_a_discord_reconnect_that_fails_is_audited_and_alerted_then_tried_
     tmp_path: Path, server: ModelServer, discord_network: DiscordNetwork
 ) -> None:
     """A silent gateway that cannot be replaced (Discord refuses the upgrade) is audited
-    `chat reconnect-failed` and alerted (undelivered: the only alert route is Discord
-    itself); once the gateway is back the next attempt reconnects."""
+    `chat reconnect-failed` and alerted — in Discord's alert channel all the same, by the
+    one-shot REST call the daemon falls back to — and once the gateway is back the next
+    attempt reconnects."""
     fake = discord_network.fake
     site = await discord_site(tmp_path, server, discord_network, silent_after_s=4.0)
     async with Shell(site) as shell:
@@ -282,10 +283,7 @@ async def test_a_discord_reconnect_that_fails_is_audited_and_alerted_then_tried_
     failed = records(site, "chat", "reconnect-failed")[0]
     assert failed.details["platform"] == "discord", failed.details
     alerts = [r for r in audit_records(site) if r.kind == "alert"]
-    assert alerts and alerts[0].subject == "chat:discord", alerts
-    # The gateway is down but Discord's REST API is not: the alert goes out by the one-shot
-    # post a command would make, into the alert channel.
-    assert alerts[0].event == "sent", alerts[0]
-    assert any("reconnect" in post.content for post in fake.posts_in(ALERT_CHANNEL_ID)), \
-        fake.posts
+    assert [(r.event, r.subject) for r in alerts[:1]] == [("sent", "chat:discord")], alerts
+    posted = [p.content for p in fake.posts_in(ALERT_CHANNEL_ID)]
+    assert posted and "could not be reconnected" in posted[0], posted
     assert fake.peak_open_connections == 1
