@@ -487,6 +487,9 @@ class SlackConfig(_Section):
     allowed_users: list[str] = Field(default_factory=list)  # Slack user ids (U…)
     alert_channel: str | None = None
     profile: str | None = None  # what chat runs may use; its question_hold_seconds applies
+    # Heard nothing (no event, no answered ping) this long: reconnect (bothy/chat/liveness.py).
+    # Bothy pings every quarter of it (at most every 5 s).
+    silent_after_s: float = Field(default=120.0, ge=2, le=3600)
 
 
 class DiscordConfig(_Section):
@@ -498,6 +501,9 @@ class DiscordConfig(_Section):
     allowed_users: list[str] = Field(default_factory=list)  # Discord user ids
     alert_channel: str | None = None
     profile: str | None = None  # what chat runs may use; its question_hold_seconds applies
+    # Heard nothing (no event, no heartbeat ACK) this long: reconnect. Keep it well above
+    # Discord's heartbeat interval (about 41 s).
+    silent_after_s: float = Field(default=120.0, ge=2, le=3600)
 
 
 class ChatConfig(_Section):

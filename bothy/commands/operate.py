@@ -39,8 +39,9 @@ async def cmd_audit(args: argparse.Namespace) -> int:
             print(f"audit chain intact: {report.count} records verified")
         else:
             print(f"audit chain broken: {report.problem}")
-        if report.repaired_at and not args.json:
-            print(f"[warn] {repaired_at(report.repaired_at)}")
+        if not args.json:
+            for seq in report.repaired_at:
+                print(f"[warn] {repaired_at(seq)}: {REPAIRED_DETAIL}")
         return ExitCode.OK if report.ok else ExitCode.FAILED
     since = _since(args.since) if args.since else None
     records = await asyncio.to_thread(lambda: [
@@ -53,11 +54,14 @@ async def cmd_audit(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def repaired_at(seqs: tuple[int, ...]) -> str:
-    """``repaired at seq N`` (and every earlier repair): said by verify and doctor forever."""
-    where = ", ".join(str(seq) for seq in seqs)
-    return (f"repaired at seq {where}: records before it were set aside by 'bothy audit repair'"
-            " (the kept file is named in that record)")
+REPAIRED_DETAIL = ("records before it were set aside by 'bothy audit repair' (the kept file is"
+                   " named in that record)")
+
+
+def repaired_at(seq: int) -> str:
+    """``repaired at seq N``: what verify and doctor say of each repair, forever after (the
+    issue's form, ``[warn] repaired at seq N``, as a line of its own)."""
+    return f"repaired at seq {seq}"
 
 
 async def _head(log: AuditLog, *, as_json: bool) -> int:
