@@ -307,3 +307,29 @@ async def test_an_alert_from_bothy_run_reaches_discord_at_its_real_host(
     assert len(fake.connections) == before
     (record,) = _alert_records(site)
     assert (record["event"], record["details"]["route"]) == ("sent", f"discord:{ALERT_CHANNEL_ID}")
+
+
+async def test_doctor_warns_when_a_command_could_not_post_an_alert(
+    tmp_path: Path, slack: FakeSlack,
+) -> None:
+    """An alert channel whose token a command cannot find is a `doctor` warning naming the
+    variable; with the token in the 0600 secrets_file the line is ok. Nothing is posted."""
+    site = Site(tmp_path, _NO_MODEL, chat=_slack_chat(slack))
+    missing = await site.bothy("doctor", "--json", **_NO_TOKENS)
+    secrets = _secrets_file(site, 0o600, SLACK_BOT_TOKEN=SLACK_TOKEN)
+    site.config["secrets_file"] = str(secrets)
+    site.write_config(site.config)
+    found = await site.bothy("doctor", "--json", **_NO_TOKENS)
+
+    def route(done: Any) -> dict[str, Any]:
+        checks = json.loads(done.stdout)["checks"]
+        return next(c for c in checks if c["name"] == "alert route configured")
+
+    assert route(missing) == {
+        "status": "warn", "name": "alert route configured",
+        "detail": f"slack {_ALERTS}, but a command here could not post there: SLACK_BOT_TOKEN"
+                  " (chat.slack.bot_token_env) is not set in the environment, and no"
+                  " secrets_file is configured"}
+    assert route(found) == {"status": "ok", "name": "alert route configured",
+                            "detail": f"slack {_ALERTS}"}
+    assert slack.calls == []
