@@ -283,9 +283,30 @@ async def check_alert_route(scene: Scene) -> Finding:
               for name, section in (("slack", chat.slack), ("discord", chat.discord))
               if section is not None and section.alert_channel]
     if routes:
+        problem = _alert_token_problem(scene.cfg)
+        if problem is not None:
+            return warn(f"{', '.join(routes)}, but a command here could not post there:"
+                        f" {problem}")
         return ok(", ".join(routes))
     return warn("a failure nobody hears about is not handled (set chat.slack.alert_channel"
                 " or chat.discord.alert_channel)")
+
+
+def _alert_token_problem(cfg: Config) -> str | None:
+    """Why a command (not `bothy serve`) could not post an alert: the token of the channel's
+    platform is set nowhere, or the secrets_file is refused. Nothing is sent to check."""
+    from bothy.chat.oneshot import Tokens
+    from bothy.errors import ChatError
+
+    chat, tokens = cfg.chat, Tokens(cfg.secrets_file)
+    try:
+        if chat.slack is not None and chat.slack.alert_channel:
+            tokens.get(chat.slack.bot_token_env, "chat.slack.bot_token_env")
+        elif chat.discord is not None and chat.discord.alert_channel:
+            tokens.get(chat.discord.token_env, "chat.discord.token_env")
+    except (ChatError, ConfigError) as exc:
+        return str(exc)
+    return None
 
 
 SEED_CHECKS: tuple[tuple[str, CheckFn], ...] = (

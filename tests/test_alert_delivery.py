@@ -24,6 +24,7 @@ from bothy.engine.audit import AuditLog
 from tests.fakes.discord import ALERT_CHANNEL_ID, GUILD_ID, Certificates, FakeDiscord
 from tests.fakes.discord import BOT_TOKEN as DISCORD_TOKEN
 from tests.fakes.model_server import ModelServer, text, tool_call
+from tests.fakes.netns import DiscordNetwork
 from tests.fakes.site import Site
 from tests.fakes.slack import BOT_TOKEN as SLACK_TOKEN
 from tests.fakes.slack import PERMALINK_BASE, FakeSlack
@@ -278,3 +279,57 @@ async def test_an_alert_from_bothy_schedule_run_arrives_in_the_slack_alert_chann
                                 " verification after 5 attempts")
     assert post.text.endswith(f"\nwake `{record['subject']}` · run `{record['run_id']}`")
     assert record["run_id"] in done.stdout
+
+
+async def test_an_alert_from_bothy_run_reaches_discord_at_its_real_host(
+    tmp_path: Path, discord_network: DiscordNetwork,
+) -> None:
+    """With Discord's default API URL, inside a network namespace where discord.com leads to
+    the fake (tests/fakes/netns.py): `bothy run`'s alert is one REST post to the alert channel,
+    allowed_mentions none, and no gateway is opened."""
+    fake = discord_network.fake
+    before = len(fake.connections)
+    async with ModelServer() as server:
+        server.script(tool_call("bothy_checklist", {"action": "read"}), text("done"))
+        site = Site(tmp_path, server.base_url,
+                    chat={"discord": {"alert_channel": ALERT_CHANNEL_ID}}, profiles={
+                        "selfcare": {"tools": ["bothy_checklist"], "ask": ["bothy_checklist"]}})
+        await discord_network.attach(site, ports=[server.port])
+        done = await site.bothy("run", "read the checklist", "--subject", "nightly",
+                                "--profile", "selfcare", **dict.fromkeys(_PROXIES, ""))
+    assert done.code == 0, done.stderr
+    run_id = done.stdout.split()[1]
+    (post,) = [p for p in fake.posts_in(ALERT_CHANNEL_ID) if run_id in p.content]
+    assert post.content == ("! **WARNING** `test-site` — bothy_checklist: 'bothy_checklist' is"
+                            " in ask but has no approvals rule: refused, alert raised\n"
+                            f"wake `nightly` · run `{run_id}`")
+    assert post.allowed_mentions == {"parse": []}
+    assert len(fake.connections) == before
+    (record,) = _alert_records(site)
+    assert (record["event"], record["details"]["route"]) == ("sent", f"discord:{ALERT_CHANNEL_ID}")
+
+
+async def test_doctor_warns_when_a_command_could_not_post_an_alert(
+    tmp_path: Path, slack: FakeSlack,
+) -> None:
+    """An alert channel whose token a command cannot find is a `doctor` warning naming the
+    variable; with the token in the 0600 secrets_file the line is ok. Nothing is posted."""
+    site = Site(tmp_path, _NO_MODEL, chat=_slack_chat(slack))
+    missing = await site.bothy("doctor", "--json", **_NO_TOKENS)
+    secrets = _secrets_file(site, 0o600, SLACK_BOT_TOKEN=SLACK_TOKEN)
+    site.config["secrets_file"] = str(secrets)
+    site.write_config(site.config)
+    found = await site.bothy("doctor", "--json", **_NO_TOKENS)
+
+    def route(done: Any) -> dict[str, Any]:
+        checks = json.loads(done.stdout)["checks"]
+        return next(c for c in checks if c["name"] == "alert route configured")
+
+    assert route(missing) == {
+        "status": "warn", "name": "alert route configured",
+        "detail": f"slack {_ALERTS}, but a command here could not post there: SLACK_BOT_TOKEN"
+                  " (chat.slack.bot_token_env) is not set in the environment, and no"
+                  " secrets_file is configured"}
+    assert route(found) == {"status": "ok", "name": "alert route configured",
+                            "detail": f"slack {_ALERTS}"}
+    assert slack.calls == []

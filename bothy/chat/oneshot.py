@@ -170,7 +170,9 @@ class OneShotPoster:
             raise ChatError("Slack is not configured (chat.slack)", platform="slack")
         token = self._tokens.get(slack.bot_token_env, "chat.slack.bot_token_env")
         return AsyncWebClient(
-            token=token, base_url=slack.api_url or _SLACK_API_URL, timeout=int(self._timeout_s),
+            # Each attempt's own bound (slack_sdk takes whole seconds); the total is post()'s.
+            token=token, base_url=slack.api_url or _SLACK_API_URL,
+            timeout=max(1, int(self._timeout_s)),
             ssl=self._ssl,
             retry_handlers=[AsyncConnectionErrorRetryHandler(max_retry_count=_RETRIES),
                             AsyncRateLimitErrorRetryHandler(max_retry_count=_RETRIES),
@@ -271,7 +273,9 @@ async def _slack_call(attempted: str, call: Any) -> Any:
         said = f"Slack answered {error or 'an error'} (HTTP {status})"
         if error in ("invalid_auth", "not_authed", "token_revoked", "account_inactive"):
             raise ChatAuthError(f"Cannot {attempted}: {said}", platform="slack") from None
-        raise ChatUnavailable(f"Cannot {attempted}: {said}", platform="slack") from None
+        if status == 429 or (isinstance(status, int) and status >= 500):
+            raise ChatUnavailable(f"Cannot {attempted}: {said}", platform="slack") from None
+        raise ChatError(f"Cannot {attempted}: {said}", platform="slack") from None
     except (aiohttp.ClientError, OSError) as exc:  # TimeoutError is an OSError
         raise ChatUnavailable(f"Cannot {attempted}: Slack is unreachable"
                               f" ({type(exc).__name__}: {exc})", platform="slack") from None
