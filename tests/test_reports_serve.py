@@ -216,7 +216,8 @@ async def test_a_failing_unattended_run_raises_an_alert(
     [finished] = records(site, "run", "finished")
     assert finished.outcome == "token_limit"
     [alert] = _posts_in(slack, ALERTS)
-    assert f"`{SITE}` — pr:42: run {finished.run_id} ended token_limit:" in alert.text
+    assert alert.text.startswith(f"! *WARNING* `{SITE}` — unattended run: ended token_limit:")
+    assert alert.text.endswith(f"wake `pr:42` · run `{finished.run_id}`")
     [report] = _posts_in(slack, OPS)
     assert report.text.startswith(f"{SITE} · pr:42 · token_limit · {finished.run_id}\n")
 

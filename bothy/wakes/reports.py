@@ -111,9 +111,8 @@ class Reports:
             await self._post(report_to, self._report_text(request, result), request, result)
         if alerting:
             await self._alerts.raise_alert(
-                f"run {result.run_id}", f"run {result.run_id} ended {result.outcome}:"
-                f" {result.reason or 'no reason given'}", subject=request.subject,
-                run_id=result.run_id)
+                "unattended run", f"ended {result.outcome}: {result.reason or 'no reason given'}",
+                subject=request.subject, run_id=result.run_id)
 
     def _report_text(self, request: RunRequest, result: RunResult) -> str:
         answer = result.answer.strip()
@@ -224,8 +223,8 @@ class Reports:
         if not alert:
             return
         await self._alerts.raise_alert(
-            f"report of run {run_id}", f"the {details['what']} of run {run_id} could not be"
-            f" posted: {reason}", subject=subject, run_id=run_id)
+            "report", f"the run's {details['what']} could not be posted: {reason}",
+            subject=subject, run_id=run_id)
 
 
 class RunQuestions:
