@@ -199,6 +199,31 @@ async def test_a_webhook_runs_question_is_shown_in_its_channel_and_a_reply_there
     assert len(server.requests) == 2  # the reply started no run
 
 
+async def test_a_schedules_approval_it_cannot_wait_for_is_posted_and_refused(
+    tmp_path: Path, server: ModelServer, slack: FakeSlack
+) -> None:
+    """A scheduled run's `confirm` tool needs a person, and a schedule cannot wait: the question
+    is posted to its channel at once, the tool is refused (`no_hold`), the run goes on."""
+    server.script(tool_call("bothy_checklist", {"action": "add", "item": "Rotate the logs."}),
+                  text("Could not add it without an approval."))
+    site = _site(tmp_path, server, slack, profiles={"ops": {
+        "tools": ["bothy_checklist"], "approvals": {"bothy_checklist": "confirm"}}})
+    await _schedule(site, "tidy", "--prompt", "Add a checklist item about the logs.",
+                    "--profile", "ops", "--report-to", f"slack:{OPS}")
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        await until(lambda: len(_posts_in(slack, OPS)) == 2, "the question and the finding")
+        assert await serving.stop() == 0
+    [finished] = records(site, "run", "finished", "ok")
+    [asked, found] = _posts_in(slack, OPS)
+    assert asked.text.startswith("? May I use bothy_checklist?")
+    assert "This run cannot wait for an answer: it goes on without one." in asked.text
+    [refused] = records(site, "tool", "refused")
+    assert (refused.run_id, refused.details["code"]) == (finished.run_id, "no_hold")
+    assert found.text.endswith("Could not add it without an approval.")
+    assert not (site.home / "checklist.md").exists()
+
+
 async def test_a_failing_unattended_run_raises_an_alert(
     tmp_path: Path, server: ModelServer, slack: FakeSlack
 ) -> None:
