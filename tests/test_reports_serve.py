@@ -22,7 +22,7 @@ import pytest
 
 from bothy.clock import to_us
 from tests.fakes import github
-from tests.fakes.model_server import ModelServer, text, tool_call
+from tests.fakes.model_server import ModelServer, stall, text, tool_call
 from tests.fakes.shell import Shell, until
 from tests.fakes.site import Site
 from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack, Post
@@ -245,6 +245,28 @@ async def test_a_failing_unattended_run_raises_an_alert(
     assert alert.text.endswith(f"wake `pr:42` · run `{finished.run_id}`")
     [report] = _posts_in(slack, OPS)
     assert report.text.startswith(f"{SITE} · pr:42 · token_limit · {finished.run_id}\n")
+
+
+async def test_a_run_a_sigkill_cut_short_is_alerted_when_serve_starts_again(
+    tmp_path: Path, server: ModelServer, slack: FakeSlack
+) -> None:
+    """`bothy serve` SIGKILLed while a webhook run works: the next serve closes the wake (never
+    run twice) and alerts that the run was cut short."""
+    server.script(stall())
+    site = _site(tmp_path, server, slack)
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        await queued(serving, github.pull_request_opened(42))
+        await until(lambda: bool(records(site, "run", "started")), "the run with the model")
+        await serving.command.kill()
+        restarted = await start_serve(shell)
+        await until(lambda: bool(records(site, "alert", "sent")), "the alert")
+        assert await restarted.stop() == 0
+    [started] = records(site, "run", "started")
+    [alert] = _posts_in(slack, ALERTS)
+    assert alert.text.startswith(f"! *WARNING* `{SITE}` — unattended run: bothy stopped while"
+                                 " it worked; it was not run again")
+    assert alert.text.endswith(f"wake `pr:42` · run `{started.run_id}`")
 
 
 async def test_a_report_slack_keeps_refusing_is_retried_then_undelivered_the_run_unaffected(
