@@ -127,6 +127,9 @@ async def test_a_heartbeat_finding_is_posted_to_its_channel_and_no_reply_posts_n
     site = _site(tmp_path, server, slack)
     await _schedule(site, "a-disk", "--heartbeat", "--report-to", f"slack:{OPS}")
     await _schedule(site, "b-quiet", "--heartbeat")  # would report to the alert channel
+    listed = (await site.bothy("schedule", "list")).stdout.splitlines()
+    assert listed[0].startswith("a-disk") and listed[0].endswith(f"reports to slack:{OPS}")
+    assert "reports to" not in listed[1]
     async with Shell(site) as shell:
         serving = await start_serve(shell)
         await until(lambda: len(records(site, "run", "finished")) == 2, "both heartbeats run")
@@ -309,6 +312,8 @@ async def test_a_quiet_preflight_wakes_no_model_and_reserves_nothing(
     reservation, nothing posted, the model never asked."""
     site = _site(tmp_path, server, slack)
     await _schedule(site, "hb", "--heartbeat", "--preflight-cmd", "printf 'all good'")
+    [listed] = (await site.bothy("schedule", "list")).stdout.splitlines()
+    assert listed.endswith("preflight printf 'all good'")
     _set_preflight_seen(site, "hb", b"all good")
     async with Shell(site) as shell:
         serving = await start_serve(shell)
