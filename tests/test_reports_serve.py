@@ -187,7 +187,8 @@ async def test_a_webhook_runs_question_is_shown_in_its_channel_and_a_reply_there
         assert await serving.stop() == 0
     [finished] = records(site, "run", "finished", "ok")
     run_id = str(finished.run_id)
-    assert asked.text.startswith("? May I merge #42 now?\n")
+    assert asked.text.startswith("? May I merge #42 now?\n1. Yes — merge it\n"
+                                 "2. No — leave it open\n")
     assert asked.text.endswith(f"{SITE} · pr:42 · asking · {run_id}\n"
                                "This run cannot wait for an answer: it goes on without one.")
     assert found.text.endswith("Reviewed #42; left it open.")
