@@ -352,3 +352,37 @@ async def test_a_mention_answered_no_reply_leaves_no_empty_thread(
     assert [(r.message_id, r.emoji) for r in discord.reactions] == [(mention, SEEN)]
     assert discord.threads == []
     assert _posts_in(discord, mention) == [] and _posts_in(discord, CHANNEL_ID) == []
+
+
+async def test_a_heartbeat_finding_is_posted_to_its_discord_channel(
+    tmp_path: Path, server: ModelServer, discord: FakeDiscord
+) -> None:
+    """A heartbeat with `--report-to discord:<channel>`: its finding is posted in that channel
+    (not a thread), naming the site, the schedule, the outcome and the run, pinging nobody."""
+    import sqlite3
+    from datetime import UTC, datetime, timedelta
+
+    from bothy.clock import to_us
+
+    server.script(text("The nightly backup did not run: @everyone check it."))
+    site = _site(tmp_path, server)
+    added = await site.bothy("schedule", "add", "hb", "--cron", "0 3 * * *", "--heartbeat",
+                             "--report-to", f"discord:{CHANNEL_ID}")
+    assert added.code == 0, added.stderr
+    slot = datetime.now(UTC) - timedelta(minutes=30)  # fired once as serve starts (missed)
+    db = sqlite3.connect(site.home / "state" / "bothy.sqlite3")
+    with db:
+        db.execute("UPDATE schedules SET cron = ?, created_us = ?",
+                   (f"{slot.minute} * * * *", to_us(datetime.now(UTC) - timedelta(hours=2))))
+    db.close()
+    async with serving(site, discord) as daemon:
+        await _until(discord, lambda: discord.posts_in(CHANNEL_ID), "the finding in #general")
+        await _stopped_cleanly(daemon)
+    [finished] = audit_records(site, lambda r: (r.kind, r.event) == ("run", "finished"))
+    [post] = discord.posts_in(CHANNEL_ID)
+    assert post.content.startswith(f"test-site · schedule:hb · completed · {finished.run_id}\n")
+    assert "The nightly backup did not run" in post.content
+    assert post.allowed_mentions is not None and post.allowed_mentions.get("parse") == []
+    assert discord.threads == []
+    [sent] = audit_records(site, lambda r: (r.kind, r.event) == ("report", "sent"))
+    assert sent.details["route"] == f"discord:{CHANNEL_ID}"

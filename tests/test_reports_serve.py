@@ -22,7 +22,7 @@ import pytest
 
 from bothy.clock import to_us
 from tests.fakes import github
-from tests.fakes.model_server import ModelServer, text, tool_call
+from tests.fakes.model_server import ModelServer, stall, text, tool_call
 from tests.fakes.shell import Shell, until
 from tests.fakes.site import Site
 from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack, Post
@@ -127,6 +127,9 @@ async def test_a_heartbeat_finding_is_posted_to_its_channel_and_no_reply_posts_n
     site = _site(tmp_path, server, slack)
     await _schedule(site, "a-disk", "--heartbeat", "--report-to", f"slack:{OPS}")
     await _schedule(site, "b-quiet", "--heartbeat")  # would report to the alert channel
+    listed = (await site.bothy("schedule", "list")).stdout.splitlines()
+    assert listed[0].startswith("a-disk") and listed[0].endswith(f"reports to slack:{OPS}")
+    assert "reports to" not in listed[1]
     async with Shell(site) as shell:
         serving = await start_serve(shell)
         await until(lambda: len(records(site, "run", "finished")) == 2, "both heartbeats run")
@@ -184,7 +187,8 @@ async def test_a_webhook_runs_question_is_shown_in_its_channel_and_a_reply_there
         assert await serving.stop() == 0
     [finished] = records(site, "run", "finished", "ok")
     run_id = str(finished.run_id)
-    assert asked.text.startswith("? May I merge #42 now?\n")
+    assert asked.text.startswith("? May I merge #42 now?\n1. Yes — merge it\n"
+                                 "2. No — leave it open\n")
     assert asked.text.endswith(f"{SITE} · pr:42 · asking · {run_id}\n"
                                "This run cannot wait for an answer: it goes on without one.")
     assert found.text.endswith("Reviewed #42; left it open.")
@@ -197,6 +201,31 @@ async def test_a_webhook_runs_question_is_shown_in_its_channel_and_a_reply_there
                if item.get("type") == "function_call_output"]
     assert any("No answer is coming" in out for out in outputs)
     assert len(server.requests) == 2  # the reply started no run
+
+
+async def test_a_schedules_approval_it_cannot_wait_for_is_posted_and_refused(
+    tmp_path: Path, server: ModelServer, slack: FakeSlack
+) -> None:
+    """A scheduled run's `confirm` tool needs a person, and a schedule cannot wait: the question
+    is posted to its channel at once, the tool is refused (`no_hold`), the run goes on."""
+    server.script(tool_call("bothy_checklist", {"action": "add", "item": "Rotate the logs."}),
+                  text("Could not add it without an approval."))
+    site = _site(tmp_path, server, slack, profiles={"ops": {
+        "tools": ["bothy_checklist"], "approvals": {"bothy_checklist": "confirm"}}})
+    await _schedule(site, "tidy", "--prompt", "Add a checklist item about the logs.",
+                    "--profile", "ops", "--report-to", f"slack:{OPS}")
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        await until(lambda: len(_posts_in(slack, OPS)) == 2, "the question and the finding")
+        assert await serving.stop() == 0
+    [finished] = records(site, "run", "finished", "ok")
+    [asked, found] = _posts_in(slack, OPS)
+    assert asked.text.startswith("? May I use bothy_checklist?")
+    assert "This run cannot wait for an answer: it goes on without one." in asked.text
+    [refused] = records(site, "tool", "refused")
+    assert (refused.run_id, refused.details["code"]) == (finished.run_id, "no_hold")
+    assert found.text.endswith("Could not add it without an approval.")
+    assert not (site.home / "checklist.md").exists()
 
 
 async def test_a_failing_unattended_run_raises_an_alert(
@@ -216,9 +245,32 @@ async def test_a_failing_unattended_run_raises_an_alert(
     [finished] = records(site, "run", "finished")
     assert finished.outcome == "token_limit"
     [alert] = _posts_in(slack, ALERTS)
-    assert f"`{SITE}` — pr:42: run {finished.run_id} ended token_limit:" in alert.text
+    assert alert.text.startswith(f"! *WARNING* `{SITE}` — unattended run: ended token_limit:")
+    assert alert.text.endswith(f"wake `pr:42` · run `{finished.run_id}`")
     [report] = _posts_in(slack, OPS)
     assert report.text.startswith(f"{SITE} · pr:42 · token_limit · {finished.run_id}\n")
+
+
+async def test_a_run_a_sigkill_cut_short_is_alerted_when_serve_starts_again(
+    tmp_path: Path, server: ModelServer, slack: FakeSlack
+) -> None:
+    """`bothy serve` SIGKILLed while a webhook run works: the next serve closes the wake (never
+    run twice) and alerts that the run was cut short."""
+    server.script(stall())
+    site = _site(tmp_path, server, slack)
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        await queued(serving, github.pull_request_opened(42))
+        await until(lambda: bool(records(site, "run", "started")), "the run with the model")
+        await serving.command.kill()
+        restarted = await start_serve(shell)
+        await until(lambda: bool(records(site, "alert", "sent")), "the alert")
+        assert await restarted.stop() == 0
+    [started] = records(site, "run", "started")
+    [alert] = _posts_in(slack, ALERTS)
+    assert alert.text.startswith(f"! *WARNING* `{SITE}` — unattended run: bothy stopped while"
+                                 " it worked; it was not run again")
+    assert alert.text.endswith(f"wake `pr:42` · run `{started.run_id}`")
 
 
 async def test_a_report_slack_keeps_refusing_is_retried_then_undelivered_the_run_unaffected(
@@ -261,6 +313,8 @@ async def test_a_quiet_preflight_wakes_no_model_and_reserves_nothing(
     reservation, nothing posted, the model never asked."""
     site = _site(tmp_path, server, slack)
     await _schedule(site, "hb", "--heartbeat", "--preflight-cmd", "printf 'all good'")
+    [listed] = (await site.bothy("schedule", "list")).stdout.splitlines()
+    assert listed.endswith("preflight printf 'all good'")
     _set_preflight_seen(site, "hb", b"all good")
     async with Shell(site) as shell:
         serving = await start_serve(shell)
@@ -333,3 +387,21 @@ async def test_a_report_to_that_cannot_receive_reports_stops_serve_with_exit_78(
     assert done.code == 78, done
     assert key in done.stderr and message in done.stderr, done.stderr
     assert slack.calls == []
+
+
+async def test_doctor_warns_of_a_schedule_reporting_to_a_platform_no_longer_configured(
+    tmp_path: Path, server: ModelServer, slack: FakeSlack
+) -> None:
+    """A schedule added with --report-to slack:C0OPS, then Slack taken out of the config:
+    `bothy doctor` warns that its findings reach nobody; with Slack back, it names the channel."""
+    site = _site(tmp_path, server, slack)
+    await _schedule(site, "hb", "--heartbeat", "--report-to", f"slack:{OPS}")
+    healthy = await site.bothy("doctor")
+    [line] = [ln for ln in healthy.stdout.splitlines() if "report channels" in ln]
+    assert line.startswith("[ok") and f"slack:{OPS}" in line, line
+    site.write_config({k: v for k, v in site.config.items() if k != "chat"})
+    broken = await site.bothy("doctor")
+    [line] = [ln for ln in broken.stdout.splitlines() if "report channels" in ln]
+    assert line.startswith("[warn]"), line
+    assert (f"schedule hb: 'slack:{OPS}' names slack, but chat.slack is not configured — its"
+            " findings reach nobody") in line

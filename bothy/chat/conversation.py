@@ -300,13 +300,13 @@ class _ThreadQuestions:
         """Post the question (its options numbered) and how to answer it, in the thread."""
         self._post(run_id, f"? {text}\n{hint} {_ASKING}")
 
-    def expired(self, run_id: str, text: str, hold_s: float) -> None:
-        """Say in the thread, in a new message, that the question went unanswered."""
-        self._post(run_id, expiry_note(hold_s))
-
     def declined(self, run_id: str, text: str) -> None:
         """A question this run could not hold (its profile holds none): said in the thread."""
         self._post(run_id, f"? {text}\n{_NOT_WAITING}")
+
+    def expired(self, run_id: str, text: str, hold_s: float) -> None:
+        """Say in the thread, in a new message, that the question went unanswered."""
+        self._post(run_id, expiry_note(hold_s))
 
     def _post(self, run_id: str, text: str) -> None:
         task = asyncio.create_task(self._thread.post(text, run_id=run_id))

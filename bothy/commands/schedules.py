@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -125,8 +126,6 @@ def _verify_argv(command: str | None) -> list[str] | None:
 
 def _argv(flag: str, command: str, example: str) -> list[str]:
     """A command given as one shell-like line, split into its argv."""
-    import shlex
-
     try:
         argv = shlex.split(command)
     except ValueError as exc:
@@ -165,7 +164,9 @@ async def _schedule_list(args: argparse.Namespace) -> int:
         listed.append({"name": schedule.name, "cron": schedule.cron, "what": schedule.what,
                        "profile": schedule.profile,
                        "next_fire": _when(to_us(upcoming) if upcoming else None, zone),
-                       "last_fire": _when(schedule.last_fire_us, zone)})
+                       "last_fire": _when(schedule.last_fire_us, zone),
+                       "report_to": schedule.report_to,
+                       "preflight_argv": schedule.preflight_argv})
     if args.json:
         print(json.dumps(listed))
         return ExitCode.OK
@@ -177,6 +178,10 @@ async def _schedule_list(args: argparse.Namespace) -> int:
         row = [item["name"], item["cron"], item["what"], f"next {item['next_fire']}"]
         if item["last_fire"] != "never":
             row.append(f"last {item['last_fire']}")
+        if item["preflight_argv"]:
+            row.append(f"preflight {shlex.join(item['preflight_argv'])}")
+        if item["report_to"]:
+            row.append(f"reports to {item['report_to']}")
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for row in rows:

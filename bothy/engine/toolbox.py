@@ -388,7 +388,7 @@ class Toolbox:
                 await self._record("question", "declined", "refused",
                                    {"kind": "input", "question": question.text,
                                     "reason": "this run cannot wait for a person"})
-                self._asker.declined(self._scope.run_id, question.text)
+                self._asker.declined(self._scope.run_id, question.shown())
             answers[question.id] = {"answers": [reply]}
         return {"answers": answers}
 

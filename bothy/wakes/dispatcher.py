@@ -57,7 +57,8 @@ class Recovered:
 
 @runtime_checkable
 class TellsInterrupted(Protocol):
-    """A handler whose wakes someone waits for: it is told of a run a crash cut short."""
+    """A handler that tells somebody of a run a crash cut short (a chat thread; the alert
+    channel for an unattended run)."""
 
     async def interrupted(self, wake: WakeRow, delivery: Delivery, run: RunRow) -> None: ...
 

@@ -32,6 +32,7 @@ from bothy.engine.audit import AuditLog
 from bothy.engine.framing import frame, new_token
 from bothy.engine.launch import build_launch
 from bothy.engine.run import RunRequest, RunResult
+from bothy.engine.state import RunRow
 from bothy.engine.supervisor import Supervisor
 from bothy.home import BothyHome
 from bothy.money import usd_to_micros
@@ -146,6 +147,10 @@ class _Unattended(abc.ABC):
         await questions.posted()  # a question is never posted after the run's report
         await self._reports.finished(made.request, result, made.report_to)
         return result
+
+    async def interrupted(self, wake: WakeRow, delivery: Delivery, run: RunRow) -> None:
+        """A run a crash cut short is not run again (nobody knows what it did): say so."""
+        await self._reports.interrupted(run)
 
     @abc.abstractmethod
     async def request(

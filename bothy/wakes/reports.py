@@ -9,7 +9,7 @@ must still reach a person, and :class:`Reports` is the one place that sees to it
 - a run that ends in any outcome but completed, verified or cancelled raises an alert (an
   unverified run's is the supervisor's, which raises it for every run; a refusal is the
   dispatcher's, which retries it and abandons it out loud); a ``report_to`` channel is told
-  of it too;
+  of it too; so does a run a crash cut short, which is never run again;
 - a question the run could not wait for is posted there at once, saying it goes on without
   an answer (:meth:`Reports.asker`).
 
@@ -39,7 +39,7 @@ from bothy.config import Config
 from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog
 from bothy.engine.run import NO_REPLY, Outcome, RunRequest, RunResult
-from bothy.engine.state import StateDB
+from bothy.engine.state import RunRow, StateDB
 from bothy.errors import ChatError, ChatUnavailable
 
 __all__ = ["Poster", "Reports", "RunQuestions"]
@@ -111,9 +111,15 @@ class Reports:
             await self._post(report_to, self._report_text(request, result), request, result)
         if alerting:
             await self._alerts.raise_alert(
-                request.subject, f"run {result.run_id} ended {result.outcome}:"
-                f" {result.reason or 'no reason given'}", subject=request.subject,
-                run_id=result.run_id)
+                "unattended run", f"ended {result.outcome}: {result.reason or 'no reason given'}",
+                subject=request.subject, run_id=result.run_id)
+
+    async def interrupted(self, run: RunRow) -> None:
+        """An unattended run that bothy's stop or crash cut short: it is not run again, and
+        somebody should know (it may have done part of its work)."""
+        await self._alerts.raise_alert(
+            "unattended run", "bothy stopped while it worked; it was not run again (it may have"
+            " done part of its work)", subject=run.subject, run_id=run.run_id)
 
     def _report_text(self, request: RunRequest, result: RunResult) -> str:
         answer = result.answer.strip()
@@ -224,8 +230,8 @@ class Reports:
         if not alert:
             return
         await self._alerts.raise_alert(
-            f"report of run {run_id}", f"the {details['what']} of run {run_id} could not be"
-            f" posted: {reason}", subject=subject, run_id=run_id)
+            "report", f"the run's {details['what']} could not be posted: {reason}",
+            subject=subject, run_id=run_id)
 
 
 class RunQuestions:
