@@ -32,7 +32,7 @@ async def test_a_wake_that_cannot_be_handled_is_abandoned_audited_and_raised(
                         "codex": {"command": [str(codex_binary()), "app-server"]}},
                        path=home.config_path)
     async with Runtime.open(home, cfg) as rt:
-        inbox = Inbox(home.inbox_dir, rt.db, clock=rt.clock)
+        inbox = Inbox(home.inbox_dir, rt.db, clock=rt.clock, audit=rt.audit)
         dispatcher = Dispatcher(cfg.wakes, unattended(cfg, home), inbox=inbox,
                                 supervisor=rt.supervisor(), db=rt.db, audit=rt.audit,
                                 alerts=rt.alerts, clock=rt.clock)
