@@ -543,6 +543,11 @@ def _nested(levels: int) -> bytes:
     pytest.param(_nested(101), "nested deeper than 100 levels", id="101-levels"),
     pytest.param(b'{"action": "opened", "title": "\\ud800"}',
                  "not Unicode (a lone surrogate)", id="lone-surrogate"),
+    # json.loads decodes bytes with surrogatepass: a surrogate's three bytes, and UTF-16.
+    pytest.param(b'{"action": "opened", "title": "\xed\xa0\x80"}',
+                 "not Unicode (a lone surrogate)", id="surrogate-bytes"),
+    pytest.param('{"action": "opened", "title": "\ud800"}'.encode("utf-16", "surrogatepass"),
+                 "not Unicode (a lone surrogate)", id="utf-16-surrogate"),
     pytest.param(b'{"action": "opened", "title": "caf\xe9"}', "body is not JSON",
                  id="latin-1"),
     pytest.param(b'"opened"', "not an object (str)", id="json-string"),

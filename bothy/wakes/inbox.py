@@ -229,7 +229,11 @@ class Inbox:
             ids = await self._insert([(n.taken, span) for n, span in zip(new, spans,
                                                                         strict=True)])
             for n in new:
-                outcomes[n.index] = Accepted(ids[_ident(n.taken.delivery)], n.taken.ignored)
+                wake_id = ids.get(_ident(n.taken.delivery))
+                outcomes[n.index] = (Accepted(wake_id, n.taken.ignored) if wake_id is not None
+                                     # another connection's row came first: that one counts
+                                     else Duplicate((await self._known([n.taken.delivery])).get(
+                                         _ident(n.taken.delivery))))
         for index, taken in enumerate(batch):
             if outcomes[index] is None:
                 first = outcomes[first_of[_ident(taken.delivery)]]
@@ -239,9 +243,12 @@ class Inbox:
     async def _known(self, deliveries: list[Delivery]) -> dict[tuple[str, str, str], int]:
         """The wake id of each delivery that already has a row."""
         idents = list(dict.fromkeys(_ident(d) for d in deliveries))
+        # A join, not "(source, route, key) IN (VALUES …)": SQLite scans the whole table for
+        # that, and searches the unique index for this.
         rows = await self._db.fetch_all(
-            "SELECT id, source, route, key FROM wakes WHERE (source, route, key) IN (VALUES "
-            + ",".join("(?, ?, ?)" for _ in idents) + ")",
+            "SELECT w.id, w.source, w.route, w.key FROM (VALUES "
+            + ",".join("(?, ?, ?)" for _ in idents) + ") AS v JOIN wakes AS w"
+            " ON w.source = v.column1 AND w.route = v.column2 AND w.key = v.column3",
             tuple(value for ident in idents for value in ident),
         )
         return {(row["source"], row["route"], row["key"]): int(row["id"]) for row in rows}

@@ -84,6 +84,8 @@ _EVENT_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 _ACTION_MAX_CHARS = 100
 _MAX_DEPTH = 100  # GitHub's payloads are a handful of levels deep
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+# How a surrogate can be written in a body json.loads accepts (see _may_be_unacceptable).
+_SURROGATE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]|\x00")
 _CLOSING_STATUSES = frozenset({408, 413})
 # A sender that cannot get its headers out in seconds is not GitHub; the public (Funnel)
 # door, open to anyone, is held to the shorter deadlines.
@@ -455,7 +457,20 @@ def _parse(body: bytes) -> dict[str, Any] | Refusal:
     if not isinstance(payload, dict):
         return Refusal(400, f"body is JSON but not an object ({type(payload).__name__})",
                        "body is not a JSON object")
+    if not _may_be_unacceptable(body):
+        return payload
     return _acceptable(payload)
+
+
+def _may_be_unacceptable(body: bytes) -> bool:
+    """Whether the walk below could refuse this body, judged from its bytes (the walk costs
+    more than the rest of a delivery's intake). Nesting past ``_MAX_DEPTH`` needs more than
+    that many brackets. A lone surrogate reaches the parsed text only as a ``\\uD800``-style
+    escape or, since ``json.loads`` decodes bytes with ``surrogatepass``, as its three UTF-8
+    style bytes (``ED A0..BF ..``) or in a UTF-16/32 body (which holds NUL bytes, as JSON in
+    UTF-8 never does). Over-estimates all: when one may be there, the walk decides."""
+    return (body.count(b"{") + body.count(b"[") > _MAX_DEPTH
+            or _SURROGATE_BYTES.search(body) is not None)
 
 
 def _acceptable(payload: dict[str, Any]) -> dict[str, Any] | Refusal:
