@@ -11,6 +11,7 @@ nothing else is replaced. Counted from the register, as an operator would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -33,6 +34,7 @@ from tests.test_serve import (
 )
 
 WANTED, UNWANTED = 6, 120
+SETTLE_S = 90.0  # a loaded machine starts six codex runs, two at a time, slowly
 
 
 @pytest.fixture
@@ -79,7 +81,7 @@ def _ignored(site: Site) -> Counter[str]:
 
 
 @pytest.mark.codex
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 async def test_every_delivery_answered_before_a_sigkill_runs_or_is_ignored_exactly_once(
     server: ModelServer, tmp_path: Path
 ) -> None:
@@ -104,7 +106,10 @@ async def test_every_delivery_answered_before_a_sigkill_runs_or_is_ignored_exact
 
         restarted = await _start_serve(shell)
         want = {_key(d) for d, _ in wanted}
-        await until(lambda: want <= set(_ran(site)), "every wanted delivery ran", timeout_s=60)
+        with contextlib.suppress(AssertionError):  # the assertion below says which did not
+            await until(lambda: want <= set(_ran(site)), "every wanted delivery ran",
+                        timeout_s=SETTLE_S)
+        assert want <= set(_ran(site)), (sorted(want - set(_ran(site))), site.audit_lines())
         cut_short = {str(r.details["delivery"]) for r in records(site, "wake", "interrupted")}
         await until_count(site, "run", "finished", "ok", len(want - cut_short))
         assert await restarted.stop() == 0
