@@ -16,11 +16,17 @@ order they were submitted (the register's seq order is its chain order).
 
 A caller that is cancelled while it waits does not take its item back: a write already
 submitted goes on, as a write under way always did.
+
+``linger_s``: callers answered together by one commit (HTTP senders, each waiting for its
+answer before it sends again) come back together, but not at once; the first back would get a
+commit of its own and the rest would wait for it. So when fewer wait than the last batch
+held, the committer waits up to ``linger_s`` for them (never when the last batch was one).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +48,8 @@ class _Queue(Generic[T, R]):
 
     waiting: list[tuple[T, asyncio.Future[R]]] = field(default_factory=list)
     committer: asyncio.Task[None] | None = None
+    last_batch: int = 1
+    enough: asyncio.Event | None = None  # set once as many wait as the last batch held
 
 
 class GroupCommit(Generic[T, R]):
@@ -57,12 +65,14 @@ class GroupCommit(Generic[T, R]):
         *,
         max_batch: int,
         name: str,
+        linger_s: float = 0.0,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"a group commit takes at least one item per batch, not {max_batch}")
         self._commit = commit
         self._max_batch = max_batch
         self._name = name
+        self._linger_s = linger_s
         # Futures belong to one loop: each loop that submits gets its own queue and committer
         # (an AuditLog may outlive several asyncio.run calls, or serve two loops at once).
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Queue[T, R]] = (
@@ -76,6 +86,8 @@ class GroupCommit(Generic[T, R]):
             queue = self._queues[loop] = _Queue()
         outcome: asyncio.Future[R] = loop.create_future()
         queue.waiting.append((item, outcome))
+        if queue.enough is not None and len(queue.waiting) >= queue.last_batch:
+            queue.enough.set()
         if queue.committer is None or queue.committer.done():
             queue.committer = loop.create_task(self._commit_waiting(queue), name=self._name)
         return await outcome
@@ -83,8 +95,10 @@ class GroupCommit(Generic[T, R]):
     async def _commit_waiting(self, queue: _Queue[T, R]) -> None:
         """Commit batches while anyone waits; the batch grows with what arrived meanwhile."""
         while queue.waiting:
+            await self._linger(queue)
             batch = queue.waiting[: self._max_batch]
             del queue.waiting[: self._max_batch]
+            queue.last_batch = len(batch)
             try:
                 results = await self._commit([item for item, _ in batch])
                 if len(results) != len(batch):
@@ -103,6 +117,19 @@ class GroupCommit(Generic[T, R]):
                 for (_, outcome), result in zip(batch, results, strict=True):
                     if not outcome.done():  # its caller went away (cancelled)
                         outcome.set_result(result)
+
+
+    async def _linger(self, queue: _Queue[T, R]) -> None:
+        """Wait up to ``linger_s`` for as many callers as the last batch held."""
+        if self._linger_s <= 0 or len(queue.waiting) >= min(queue.last_batch, self._max_batch):
+            return
+        queue.enough = asyncio.Event()
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._linger_s):
+                    await queue.enough.wait()
+        finally:
+            queue.enough = None
 
 
 def _settle(outcome: asyncio.Future[R], exc: BaseException) -> None:

@@ -7,8 +7,8 @@ A delivery is one line of an append-only segment file under ``$BOTHY_HOME/inbox/
 two sources are two wakes. ``accept`` makes a delivery durable in this order and returns only
 after the last step (contracts.md §7):
 
-1. look up which deliveries of the batch are already known (a row with their source, route
-   and key): those are duplicates, and get no row; meanwhile
+1. a delivery already known (a row with its source, route and key) is a duplicate and gets
+   no row: the INSERT of step 4 finds it, or, for one no job wants, a lookup beside step 2;
 2. append the payloads to the segment in one write and fsync it (and the directory, for a
    new segment);
 3. for a delivery no job wants (the listener says so: ``accept(..., ignored=reason)``),
@@ -68,7 +68,8 @@ _SUFFIX = ".json"
 _TEMP_PREFIX = ".tmp-"
 _FINISHED = ("done", "ignored", "abandoned")
 _DELETE_CHUNK = 500  # ids per DELETE statement, well under SQLite's 32,766 variables
-_ROWS_PER_COMMIT = 500  # a group commit's rows; 11 variables each: 5,500 per statement
+_ROWS_PER_COMMIT = 500  # a group commit's rows; 13 variables each: 6,500 per statement
+_LINGER_S = 0.001  # senders answered by one commit come back within it (see groupcommit)
 
 _log = logging.getLogger(__name__)
 
@@ -172,7 +173,8 @@ class Inbox:
         self._audit = audit
         self._segments = Segments(root)
         self._group: GroupCommit[_Taken, Accepted | Duplicate] = GroupCommit(
-            self._commit, max_batch=_ROWS_PER_COMMIT, name="inbox-commit")
+            self._commit, max_batch=_ROWS_PER_COMMIT, name="inbox-commit",
+            linger_s=_LINGER_S)
 
     # -- intake ----------------------------------------------------------------------------
 
@@ -198,11 +200,13 @@ class Inbox:
             ) from exc
 
     async def _commit(self, batch: list[_Taken]) -> list[Accepted | Duplicate]:
-        """Steps 1–4 for a whole batch: one lookup, one segment fsync, the register's records
-        of what was ignored (one commit of theirs), one INSERT.
+        """Steps 1–4 for a whole batch: one segment fsync, the register's records of what was
+        ignored (one commit of theirs), one INSERT.
 
-        The lookup runs beside the segment's write and fsync rather than before it (one wait
-        instead of two): a known delivery's line is then written for nothing. It gets no row,
+        Known deliveries are found by the INSERT itself (ON CONFLICT: no row), and only then
+        looked up for their wake id; in a batch holding deliveries no job wants, they are
+        looked up beside the segment's write and fsync (one wait, not two), before the
+        register's records. A known delivery's line is written for nothing: it gets no row,
         and recovery, meeting it past a segment's rows, gives it none (its row is there) or
         closes it by what the register shows.
         """
@@ -210,9 +214,14 @@ class Inbox:
         for taken in batch:
             first.setdefault(_ident(taken.delivery), taken)
         lines = [encode_payload_file(t.delivery) + b"\n" for t in first.values()]
-        known, spans = await asyncio.gather(
-            self._known([t.delivery for t in first.values()]),
-            asyncio.to_thread(self._segments.append, lines))
+        appending = asyncio.to_thread(self._segments.append, lines)
+        known: dict[tuple[str, str, str], int] = {}
+        if any(t.ignored is not None for t in first.values()):
+            # What no job wants is recorded before its row: a known one must not be again.
+            known, spans = await asyncio.gather(
+                self._known([t.delivery for t in first.values()]), appending)
+        else:  # the INSERT finds the known ones (ON CONFLICT), and they are looked up then
+            spans = await appending
         fresh = [(taken, span) for (ident, taken), span in zip(first.items(), spans, strict=True)
                  if ident not in known]
         ids: dict[tuple[str, str, str], int] = {}
