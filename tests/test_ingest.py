@@ -155,6 +155,7 @@ async def test_a_delivery_whose_fsync_fails_is_answered_503_and_never_runs_until
         async with httpx.AsyncClient(timeout=DEADLINE_S) as client:
             first = await _send(client, serving.port, "pull_request",
                                 github.encode(github.pull_request_opened(1)), "ok-1")
+            await until_count(site, "run", "finished", "ok", 1)  # not cut short by the kill
             trigger.write_text(str(site.home / "inbox"))
             refused = await asyncio.gather(
                 *(_send(client, serving.port, "pull_request", body, d) for d, body in failing))
@@ -162,7 +163,6 @@ async def test_a_delivery_whose_fsync_fails_is_answered_503_and_never_runs_until
         trigger.unlink()
 
         restarted = await _start_serve(shell)
-        await until_count(site, "run", "finished", "ok", 1)
         ran_before_resend = _ran(site)
         async with httpx.AsyncClient(timeout=DEADLINE_S) as client:
             resent = await asyncio.gather(
