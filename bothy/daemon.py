@@ -105,7 +105,7 @@ class Daemon:
     async def _serve(self, rt: Runtime) -> int:
         await _refuse_a_broken_register(rt.audit)
         supervisor = rt.supervisor()
-        inbox = Inbox(self._home.inbox_dir, rt.db, clock=rt.clock)
+        inbox = Inbox(self._home.inbox_dir, rt.db, clock=rt.clock, audit=rt.audit)
         await rt.audit.record("serve", "starting", "ok",
                               details={"pid": os.getpid(), "site": self._cfg.site})
         recovered = await supervisor.recover()

@@ -16,11 +16,22 @@ order they were submitted (the register's seq order is its chain order).
 
 A caller that is cancelled while it waits does not take its item back: a write already
 submitted goes on, as a write under way always did.
+
+``in_flight``: how many commits may be under way at once (default one: each batch's commit
+starts once the one before has returned). With more, the next batch is taken while earlier
+commits are still in their slow steps, and ``commit`` must itself keep their effects in order
+(the inbox does: segment appends, then inserts, each in batch order).
+
+``linger_s``: callers answered together by one commit (HTTP senders, each waiting for its
+answer before it sends again) come back together, but not at once; the first back would get a
+commit of its own and the rest would wait for it. So when fewer wait than the last batch
+held, the committer waits up to ``linger_s`` for them (never when the last batch was one).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +53,10 @@ class _Queue(Generic[T, R]):
 
     waiting: list[tuple[T, asyncio.Future[R]]] = field(default_factory=list)
     committer: asyncio.Task[None] | None = None
+    slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
+    running: set[asyncio.Task[None]] = field(default_factory=set)  # commits under way
+    last_batch: int = 1
+    enough: asyncio.Event | None = None  # set once as many wait as the last batch held
 
 
 class GroupCommit(Generic[T, R]):
@@ -57,12 +72,16 @@ class GroupCommit(Generic[T, R]):
         *,
         max_batch: int,
         name: str,
+        linger_s: float = 0.0,
+        in_flight: int = 1,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"a group commit takes at least one item per batch, not {max_batch}")
         self._commit = commit
         self._max_batch = max_batch
         self._name = name
+        self._linger_s = linger_s
+        self._in_flight = in_flight
         # Futures belong to one loop: each loop that submits gets its own queue and committer
         # (an AuditLog may outlive several asyncio.run calls, or serve two loops at once).
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Queue[T, R]] = (
@@ -73,36 +92,76 @@ class GroupCommit(Generic[T, R]):
         loop = asyncio.get_running_loop()
         queue = self._queues.get(loop)
         if queue is None:
-            queue = self._queues[loop] = _Queue()
+            queue = self._queues[loop] = _Queue(slots=asyncio.Semaphore(self._in_flight))
         outcome: asyncio.Future[R] = loop.create_future()
         queue.waiting.append((item, outcome))
+        if queue.enough is not None and len(queue.waiting) >= queue.last_batch:
+            queue.enough.set()
         if queue.committer is None or queue.committer.done():
             queue.committer = loop.create_task(self._commit_waiting(queue), name=self._name)
         return await outcome
 
     async def _commit_waiting(self, queue: _Queue[T, R]) -> None:
-        """Commit batches while anyone waits; the batch grows with what arrived meanwhile."""
-        while queue.waiting:
-            batch = queue.waiting[: self._max_batch]
-            del queue.waiting[: self._max_batch]
-            try:
-                results = await self._commit([item for item, _ in batch])
-                if len(results) != len(batch):
-                    raise RuntimeError(f"{self._name}: {len(results)} results for a batch of"
-                                       f" {len(batch)}")
-            except asyncio.CancelledError:
-                stopped = CommitStopped(f"{self._name}: stopped before the commit finished")
-                for _, outcome in (*batch, *queue.waiting):
-                    _settle(outcome, stopped)
-                queue.waiting.clear()
-                raise
-            except Exception as exc:  # every waiter of the batch hears it
-                for _, outcome in batch:
-                    _settle(outcome, exc)
-            else:
-                for (_, outcome), result in zip(batch, results, strict=True):
-                    if not outcome.done():  # its caller went away (cancelled)
-                        outcome.set_result(result)
+        """Commit batches while anyone waits; the batch grows with what arrived meanwhile.
+
+        A batch is taken once a commit slot is free: with ``in_flight`` > 1, while the commits
+        before it are still under way (their owner keeps their effects in order)."""
+        try:
+            while queue.waiting:
+                await queue.slots.acquire()
+                try:
+                    await self._linger(queue)
+                except BaseException:
+                    queue.slots.release()
+                    raise
+                batch = queue.waiting[: self._max_batch]
+                del queue.waiting[: self._max_batch]
+                queue.last_batch = max(1, len(batch))
+                task = asyncio.get_running_loop().create_task(self._commit_one(queue, batch))
+                queue.running.add(task)  # a commit under way ends, whatever its committer does
+                task.add_done_callback(queue.running.discard)
+        except asyncio.CancelledError:
+            stopped = CommitStopped(f"{self._name}: stopped before the commit")
+            for _, outcome in queue.waiting:
+                _settle(outcome, stopped)
+            queue.waiting.clear()
+            raise
+
+    async def _commit_one(
+        self, queue: _Queue[T, R], batch: list[tuple[T, asyncio.Future[R]]]
+    ) -> None:
+        """One batch's commit; every waiter hears its result or its failure. Frees the slot."""
+        try:
+            results = await self._commit([item for item, _ in batch]) if batch else []
+            if len(results) != len(batch):
+                raise RuntimeError(f"{self._name}: {len(results)} results for a batch of"
+                                   f" {len(batch)}")
+        except asyncio.CancelledError:
+            stopped = CommitStopped(f"{self._name}: stopped before the commit finished")
+            for _, outcome in batch:
+                _settle(outcome, stopped)
+            raise
+        except Exception as exc:  # every waiter of the batch hears it
+            for _, outcome in batch:
+                _settle(outcome, exc)
+        else:
+            for (_, outcome), result in zip(batch, results, strict=True):
+                if not outcome.done():  # its caller went away (cancelled)
+                    outcome.set_result(result)
+        finally:
+            queue.slots.release()
+
+    async def _linger(self, queue: _Queue[T, R]) -> None:
+        """Wait up to ``linger_s`` for as many callers as the last batch held."""
+        if self._linger_s <= 0 or len(queue.waiting) >= min(queue.last_batch, self._max_batch):
+            return
+        queue.enough = asyncio.Event()
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._linger_s):
+                    await queue.enough.wait()
+        finally:
+            queue.enough = None
 
 
 def _settle(outcome: asyncio.Future[R], exc: BaseException) -> None:

@@ -34,7 +34,7 @@ async def test_a_wake_that_cannot_be_handled_is_abandoned_audited_and_raised(
                         "codex": {"command": [str(codex_binary()), "app-server"]}},
                        path=home.config_path)
     async with Runtime.open(home, cfg) as rt:
-        inbox = Inbox(home.inbox_dir, rt.db, clock=rt.clock)
+        inbox = Inbox(home.inbox_dir, rt.db, clock=rt.clock, audit=rt.audit)
         reports = Reports(cfg, db=rt.db, audit=rt.audit, alerts=rt.alerts, clock=rt.clock)
         store = ScheduleStore(rt.db, timezone=cfg.budget.timezone, clock=rt.clock)
         handlers = unattended(cfg, home, reports=reports, store=store, audit=rt.audit)

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from bothy.clock import to_us
+from bothy.engine.audit import AuditLog
 from bothy.engine.state import StateDB
 from bothy.errors import InboxError
+from bothy.wakes.history import RunHistory
 from bothy.wakes.inbox import (
     Accepted,
     Delivery,
@@ -54,9 +56,13 @@ async def db(tmp_path: Path) -> AsyncIterator[StateDB]:
         yield opened
 
 
+def _audit(tmp_path: Path) -> AuditLog:
+    return AuditLog(tmp_path / "audit.jsonl")
+
+
 @pytest.fixture
 def inbox(tmp_path: Path, db: StateDB) -> Inbox:
-    return Inbox(tmp_path / "inbox", db, clock=_Clock())
+    return Inbox(tmp_path / "inbox", db, clock=_Clock(), audit=_audit(tmp_path))
 
 
 async def _rows(db: StateDB) -> list[WakeRow]:
@@ -70,17 +76,21 @@ def _names(inbox: Inbox) -> list[str]:
 # -- accept ----------------------------------------------------------------------------------
 
 
-async def test_accepted_delivery_has_a_private_file_and_a_queued_row(inbox: Inbox,
-                                                                     db: StateDB) -> None:
-    """accept returns only once the 0600 file (in a 0700 dir) and its queued row both exist."""
+async def test_accepted_delivery_is_a_line_of_a_private_segment_and_a_queued_row(
+    inbox: Inbox, db: StateDB
+) -> None:
+    """accept returns only once its line (in a 0600 segment, in a 0700 dir) and its queued row
+    both exist, the row naming where the line is."""
     outcome = await inbox.accept(_delivery())
 
     assert isinstance(outcome, Accepted)
     [row] = await _rows(db)
-    assert (row.id, row.status, row.attempts, row.run_id, row.file) == (
-        outcome.wake_id, "queued", 0, None, payload_name("github", "guid-1:hook-1"))
+    assert (row.id, row.status, row.attempts, row.run_id, row.file, row.payload_at) == (
+        outcome.wake_id, "queued", 0, None, "wakes-000001.seg", 0)
     assert row.received_us == row.next_try_us == to_us(T0)
-    assert _names(inbox) == [row.file]  # the temporary name is gone
+    assert _names(inbox) == [row.file]
+    line = (inbox.root / row.file).read_bytes()
+    assert line == encode_payload_file(_delivery()) + b"\n" and row.payload_bytes == len(line)
     assert stat.S_IMODE((inbox.root / row.file).stat().st_mode) == 0o600
     assert stat.S_IMODE(inbox.root.stat().st_mode) == 0o700
 
@@ -113,8 +123,12 @@ async def test_many_simultaneous_deliveries_are_each_accepted_once(inbox: Inbox,
 
     assert all(isinstance(o, Accepted) for o in outcomes)
     assert len({o.wake_id for o in outcomes if isinstance(o, Accepted)}) == 50
-    assert len(await _rows(db)) == 50
-    assert len(_names(inbox)) == 50
+    rows = await _rows(db)
+    assert len(rows) == 50
+    assert _names(inbox) == ["wakes-000001.seg"]  # one segment, a line each
+    assert len((inbox.root / "wakes-000001.seg").read_bytes().splitlines()) == 50
+    assert [await inbox.load(row) for row in rows] == [
+        _delivery(f"guid-{n}:h") for n in range(50)]
 
 
 async def test_inbox_that_cannot_be_a_directory_raises_and_queues_nothing(
@@ -122,7 +136,7 @@ async def test_inbox_that_cannot_be_a_directory_raises_and_queues_nothing(
 ) -> None:
     """When the payload cannot be made durable accept raises InboxError and no row is written."""
     (tmp_path / "inbox").write_text("a file where the inbox should be\n")
-    inbox = Inbox(tmp_path / "inbox", db, clock=_Clock())
+    inbox = Inbox(tmp_path / "inbox", db, clock=_Clock(), audit=_audit(tmp_path))
 
     with pytest.raises(InboxError, match="Cannot make delivery 'guid-1:hook-1'"):
         await inbox.accept(_delivery())
@@ -262,7 +276,7 @@ async def test_claim_is_exclusive_across_connections(tmp_path: Path, inbox: Inbo
     outcome = await inbox.accept(_delivery())
     assert isinstance(outcome, Accepted)
     async with StateDB.open(tmp_path / "bothy.sqlite3") as other_db:
-        other = Inbox(inbox.root, other_db, clock=_Clock())
+        other = Inbox(inbox.root, other_db, clock=_Clock(), audit=_audit(tmp_path))
 
         claims = await asyncio.gather(inbox.claim(outcome.wake_id), other.claim(outcome.wake_id),
                                       inbox.claim(outcome.wake_id))
@@ -314,14 +328,29 @@ async def test_finish_closes_a_wake_once(inbox: Inbox, db: StateDB) -> None:
 # -- prune -----------------------------------------------------------------------------------
 
 
-async def test_prune_forgets_old_finished_wakes_and_their_files(inbox: Inbox,
-                                                                db: StateDB) -> None:
-    """Old finished wakes lose file and row; queued or recent ones stay; old temp files go."""
+async def test_prune_forgets_a_segment_once_every_wake_in_it_is_old_and_finished(
+    tmp_path: Path, inbox: Inbox, db: StateDB
+) -> None:
+    """A segment goes with its rows once all its wakes are old and finished; one holding a
+    queued wake stays, and so does the one being appended to; an older Bothy's own payload
+    files and temporary files go as before."""
     old = T0 - timedelta(days=8)
-    for key, received_at in (("old-done:h", old), ("old-queued:h", old), ("new-done:h", T0)):
-        await inbox.accept(_delivery(key, received_at=received_at))
+    first, second = (Inbox(inbox.root, db, clock=_Clock(), audit=_audit(tmp_path))
+                     for _ in range(2))  # earlier processes: a segment each
+    for n in range(2):
+        await first.accept(_delivery(f"old-done-{n}:h", received_at=old))
+    await second.accept(_delivery("old-queued:h", received_at=old))
+    await second.accept(_delivery("new-done:h"))
+    await inbox.accept(_delivery("current-done:h", received_at=old))
+    legacy = _delivery("legacy-done:h", received_at=old)
+    (inbox.root / payload_name("github", legacy.key)).write_bytes(encode_payload_file(legacy))
+    await db.execute(
+        "INSERT INTO wakes (source, route, key, event, status, next_try_us, received_us, file)"
+        " VALUES ('webhook', 'github', 'legacy-done:h', 'pull_request', 'queued', 0, ?, ?)",
+        (to_us(old), payload_name("github", legacy.key)))
     rows = {r.key: r for r in await _rows(db)}
-    for key in ("old-done:h", "new-done:h"):
+    for key in ("old-done-0:h", "old-done-1:h", "new-done:h", "current-done:h",
+                "legacy-done:h"):
         await inbox.finish(rows[key].id, "done", run_id=None, note=None)
     stale_temp = inbox.root / ".tmp-stale"
     stale_temp.write_bytes(b"half")
@@ -329,8 +358,73 @@ async def test_prune_forgets_old_finished_wakes_and_their_files(inbox: Inbox,
 
     pruned = await inbox.prune(to_us(T0) - 7 * DAY_US)
 
-    assert pruned == 1
-    assert sorted(r.key for r in await _rows(db)) == ["new-done:h", "old-queued:h"]
-    assert _names(inbox) == sorted([rows["new-done:h"].file, rows["old-queued:h"].file])
-    again = await inbox.accept(_delivery("old-done:h"))
+    assert pruned == 3
+    assert sorted(r.key for r in await _rows(db)) == [
+        "current-done:h", "new-done:h", "old-queued:h"]
+    assert _names(inbox) == ["wakes-000002.seg", "wakes-000003.seg"]
+    again = await inbox.accept(_delivery("old-done-0:h"))
     assert isinstance(again, Accepted)  # forgotten: a redelivery now would be new
+
+
+
+
+# -- group commit, ignored at intake, a failing disk -------------------------------------------
+
+
+async def test_a_delivery_no_job_wants_is_closed_ignored_and_recorded_before_its_row(
+    tmp_path: Path, inbox: Inbox, db: StateDB
+) -> None:
+    """accept(..., ignored=reason) keeps the payload, records `wake ignored`, and its row is
+    closed at once: nothing is queued for the dispatcher."""
+    outcome = await inbox.accept(_delivery(), ignored="no job of route 'github' matches")
+
+    assert isinstance(outcome, Accepted) and outcome.ignored is not None
+    [row] = await _rows(db)
+    assert (row.status, row.note) == ("ignored", "no job of route 'github' matches")
+    assert await inbox.due(to_us(T0) + 1) == []
+    assert await inbox.load(row) == _delivery()
+    [record] = _audit(tmp_path).records()
+    assert record.human_line().split()[2:] == ["wake", "ignored", "refused", "github", "-"]
+    assert (record.details["delivery"], record.details["reason"]) == (
+        "guid-1:hook-1", "no job of route 'github' matches")
+
+
+async def test_a_line_whose_row_never_came_is_closed_by_what_the_register_shows(
+    tmp_path: Path, inbox: Inbox, db: StateDB
+) -> None:
+    """A crash after `wake ignored` was recorded but before the rows: recovery closes the wake
+    as ignored (not queued to be ignored, and recorded, twice)."""
+    await inbox.accept(_delivery("wanted:h"))
+    await inbox.accept(_delivery("unwanted:h"), ignored="no job matches")
+    await db.execute("DELETE FROM wakes")
+    history = RunHistory.from_register(_audit(tmp_path))
+
+    restored = await inbox.recover(history.ran_as, history.ignored)
+
+    assert [(r.key, r.ignored) for r in restored] == [("wanted:h", False), ("unwanted:h", True)]
+    assert {r.key: r.status for r in await _rows(db)} == {"wanted:h": "queued",
+                                                           "unwanted:h": "ignored"}
+    assert await inbox.recover(history.ran_as, history.ignored) == []
+
+
+async def test_a_batch_whose_fsync_fails_is_refused_whole_and_the_next_starts_a_new_segment(
+    tmp_path: Path, inbox: Inbox, db: StateDB, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deliveries committed together when the segment's fsync fails all hear InboxError, none
+    is queued; once the disk is back, they are accepted in a fresh segment."""
+    await inbox.accept(_delivery("before:h"))
+    trigger = tmp_path / "fsync-fails"
+    trigger.write_text(str(inbox.root))
+    monkeypatch.setenv("BOTHY_FAULT_FSYNC", str(trigger))
+
+    failed = await asyncio.gather(*(inbox.accept(_delivery(f"during-{n}:h")) for n in range(5)),
+                                  return_exceptions=True)
+
+    assert all(isinstance(f, InboxError) and "Input/output error" in str(f) for f in failed)
+    assert [r.key for r in await _rows(db)] == ["before:h"]
+    trigger.unlink()
+    again = await asyncio.gather(*(inbox.accept(_delivery(f"during-{n}:h")) for n in range(5)))
+    assert all(isinstance(a, Accepted) for a in again)
+    rows = await _rows(db)
+    assert {r.file for r in rows if r.key != "before:h"} == {"wakes-000002.seg"}
+    assert await inbox.recover() == []  # what failed was cut back: nothing comes back

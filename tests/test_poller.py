@@ -88,7 +88,7 @@ async def world(tmp_path: Path) -> AsyncIterator[_World]:
     async with StateDB.open(tmp_path / "bothy.sqlite3") as db, FeedServer() as feed, \
             httpx.AsyncClient() as http:
         audit = AuditLog(tmp_path / "audit.jsonl", clock=clock)
-        inbox = Inbox(tmp_path / "inbox", db, clock=clock)
+        inbox = Inbox(tmp_path / "inbox", db, clock=clock, audit=audit)
         yield _World(tmp_path, db, audit, inbox, http, feed, clock)
 
 
@@ -188,7 +188,8 @@ async def test_the_cursor_survives_a_restart(world: _World) -> None:
     await world.poller().poll_once()
 
     async with StateDB.open(world.tmp_path / "bothy.sqlite3") as db:
-        restarted = world.poller(db=db, inbox=Inbox(world.inbox.root, db, clock=world.clock))
+        restarted = world.poller(db=db, inbox=Inbox(world.inbox.root, db, clock=world.clock,
+                                                     audit=world.audit))
         first = await restarted.poll_once()
         world.feed.append({"id": 3})
         second = await restarted.poll_once()

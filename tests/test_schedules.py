@@ -45,7 +45,6 @@ from bothy.wakes.inbox import (
     WakeRow,
     decode_payload_file,
     encode_payload_file,
-    payload_name,
 )
 from bothy.wakes.schedule_runner import ScheduleRunner
 from bothy.wakes.schedules import (
@@ -104,9 +103,9 @@ class _Parts:
 async def parts(tmp_path: Path) -> AsyncIterator[_Parts]:
     clock = _Clock()
     async with StateDB.open(tmp_path / "bothy.sqlite3") as db:
+        audit = AuditLog(tmp_path / "audit.jsonl", clock=clock)
         yield _Parts(db, ScheduleStore(db, timezone="UTC", clock=clock),
-                     Inbox(tmp_path / "inbox", db, clock=clock),
-                     AuditLog(tmp_path / "audit.jsonl", clock=clock), clock)
+                     Inbox(tmp_path / "inbox", db, clock=clock, audit=audit), audit, clock)
 
 
 # --- the store --------------------------------------------------------------------------------
@@ -299,8 +298,7 @@ async def test_a_schedule_and_a_webhook_route_of_one_name_are_two_wakes(parts: _
     assert isinstance(hooked, Accepted) and isinstance(fired, Accepted)
     rows = await parts.wakes()
     assert [row.source for row in rows] == ["webhook", "schedule"]
-    assert rows[0].file == payload_name("nightly", "2026-09-24T03:00:00+00:00")  # as before
-    assert rows[1].file != rows[0].file
+    assert rows[0].payload_at != rows[1].payload_at  # two lines, one each
     assert [(await parts.inbox.load(row)).source for row in rows] == ["webhook", "schedule"]
     assert await parts.inbox.accept(_delivery("schedule")) == Duplicate(fired.wake_id)
 

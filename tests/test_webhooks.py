@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bothy.config import WebhookRoute
+from bothy.config import WebhookJob, WebhookRoute
 from bothy.engine.audit import AuditLog, AuditRecord
 from bothy.engine.state import StateDB
 from bothy.errors import ListenerError, TemporaryFailure
@@ -35,10 +35,13 @@ OLD_SECRET = "It's a Secret to Everybody"
 NEW_SECRET = "rotated-8d41e7b2-secret"
 DEPLOY_SECRET = "deploy-hmac-secret"
 LIMIT_BYTES = 16_384
+_JOBS = [WebhookJob(event=event, prompt="Look at it.")
+         for event in ("pull_request", "push", "issue_comment")]
 ROUTES = {
-    "github": WebhookRoute(kind="github", path="/hooks/github",
+    "github": WebhookRoute(kind="github", path="/hooks/github", jobs=_JOBS,
                            secret_env=["GH_SECRET", "GH_SECRET_NEXT"], max_body_bytes=LIMIT_BYTES),
-    "deploys": WebhookRoute(kind="hmac", path="/hooks/deploys", secret_env=["DEPLOY_SECRET"]),
+    "deploys": WebhookRoute(kind="hmac", path="/hooks/deploys", secret_env=["DEPLOY_SECRET"],
+                            jobs=[WebhookJob(event="deploy.finished", prompt="Check it.")]),
     "unset": WebhookRoute(kind="github", path="/hooks/unset",
                           secret_env=["UNSET_SECRET", "EMPTY_SECRET"]),
     "funnel": WebhookRoute(kind="github", path="/hooks/funnel", public=True,
@@ -98,7 +101,7 @@ async def door(tmp_path: Path) -> AsyncIterator[_Door]:
     async with StateDB.open(tmp_path / "bothy.sqlite3") as db:
         audit = AuditLog(tmp_path / "audit.jsonl", clock=clock)
         inbox_dir = tmp_path / "inbox"
-        inbox = Inbox(inbox_dir, db, clock=clock)
+        inbox = Inbox(inbox_dir, db, clock=clock, audit=audit)
         pokes: list[None] = []
         listener = WebhookListener(ROUTES, public=False, inbox=inbox, audit=audit,
                                    environ=ENVIRON, clock=clock,
@@ -195,6 +198,28 @@ async def test_simultaneous_copies_of_one_delivery_queue_one_wake(door: _Door) -
     assert [r.status_code for r in responses] == [200] * 10
     assert sorted(r.json()["status"] for r in responses) == ["duplicate"] * 9 + ["queued"]
     assert len(await door.wakes()) == 1
+
+
+async def test_a_delivery_no_job_wants_is_closed_ignored_at_intake(door: _Door) -> None:
+    """A signed delivery of an event no job of its route takes is 200 `ignored` once durable
+    and recorded `wake ignored`; nothing is queued and the dispatcher is not woken."""
+    body = github.encode(github.push())
+    headers = github.headers("release", body, OLD_SECRET)
+
+    response = await door.post("/hooks/github", body, headers)
+
+    assert response.status_code == 200
+    assert response.json() == {"status": "ignored", "delivery": headers["X-GitHub-Delivery"],
+                               "reason": "no job of route 'github' matches event release"}
+    [wake] = await door.wakes()
+    assert (wake.event, wake.status) == ("release", "ignored")
+    assert (await door.inbox.load(wake)).body == body
+    assert door.pokes == []
+    [record] = door.records()
+    assert record.human_line().split()[2:] == ["wake", "ignored", "refused", "github", "-"]
+    assert record.details["delivery"] == wake.key
+    again = await door.post("/hooks/github", body, headers)
+    assert again.json()["status"] == "duplicate" and len(door.records()) == 1
 
 
 async def test_one_event_sent_by_two_hooks_is_two_wakes(door: _Door) -> None:
@@ -518,6 +543,11 @@ def _nested(levels: int) -> bytes:
     pytest.param(_nested(101), "nested deeper than 100 levels", id="101-levels"),
     pytest.param(b'{"action": "opened", "title": "\\ud800"}',
                  "not Unicode (a lone surrogate)", id="lone-surrogate"),
+    # json.loads decodes bytes with surrogatepass: a surrogate's three bytes, and UTF-16.
+    pytest.param(b'{"action": "opened", "title": "\xed\xa0\x80"}',
+                 "not Unicode (a lone surrogate)", id="surrogate-bytes"),
+    pytest.param('{"action": "opened", "title": "\ud800"}'.encode("utf-16", "surrogatepass"),
+                 "not Unicode (a lone surrogate)", id="utf-16-surrogate"),
     pytest.param(b'{"action": "opened", "title": "caf\xe9"}', "body is not JSON",
                  id="latin-1"),
     pytest.param(b'"opened"', "not an object (str)", id="json-string"),

@@ -24,7 +24,7 @@ import aiosqlite
 
 from bothy.errors import StateCorruptError, StateError
 
-_SCHEMA_VERSION = 10
+_SCHEMA_VERSION = 11  # 10: report_to + preflight on schedules; 11: wakes' payload place
 _BUSY_TIMEOUT_MS = 30_000
 
 _SCHEMA = """
@@ -110,6 +110,8 @@ CREATE TABLE IF NOT EXISTS wakes (
     file         TEXT NOT NULL,
     note         TEXT,
     finished_us  INTEGER,
+    payload_at    INTEGER,  -- where its line is in the segment named by file (schema 10),
+    payload_bytes INTEGER,  -- both NULL for a payload in a file of its own (before that)
     UNIQUE (source, route, key)
 );
 CREATE INDEX IF NOT EXISTS wakes_by_status ON wakes (status, received_us);
@@ -184,9 +186,14 @@ CREATE TABLE IF NOT EXISTS plan_reservations (
 );
 """
 
-_ADDED_COLUMNS = (("schedules", "ref", "TEXT"), ("schedules", "report_to", "TEXT"),
-                  ("schedules", "preflight_argv", "TEXT"),
-                  ("schedules", "preflight_sha256", "TEXT"))  # (table, column, type), oldest first
+_ADDED_COLUMNS = (  # (table, column, type), oldest first
+    ("schedules", "ref", "TEXT"),
+    ("schedules", "report_to", "TEXT"),
+    ("schedules", "preflight_argv", "TEXT"),
+    ("schedules", "preflight_sha256", "TEXT"),
+    ("wakes", "payload_at", "INTEGER"),
+    ("wakes", "payload_bytes", "INTEGER"),
+)
 
 
 @dataclass(frozen=True)

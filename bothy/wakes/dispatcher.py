@@ -20,7 +20,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from bothy.clock import Clock, from_us, to_us
+from bothy.clock import Clock, to_us
 from bothy.config import WakesConfig
 from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog
@@ -31,7 +31,7 @@ from bothy.waits import first_of
 from bothy.wakes import poller, schedules
 from bothy.wakes.handlers import Quiet, WakeHandler, WakeStart
 from bothy.wakes.history import RunHistory
-from bothy.wakes.inbox import Delivery, Inbox, Reinserted, WakeRow
+from bothy.wakes.inbox import Delivery, Inbox, Reinserted, WakeRow, wake_details
 from bothy.wakes.jobs import Ignored
 
 _IDLE_POLL_S = 1.0  # retries fall due without anyone poking the dispatcher
@@ -51,8 +51,8 @@ class Recovered:
 
     requeued: int = 0
     interrupted: list[Interrupted] = field(default_factory=list)
-    reinserted: int = 0  # payload files that had no row: queued to run
-    already_run: int = 0  # of those, closed: the register shows they ran (an older state db)
+    reinserted: int = 0  # payloads that had no row: queued to run
+    already_run: int = 0  # of those, closed: the register shows they ran, or were ignored
 
 
 @runtime_checkable
@@ -110,10 +110,11 @@ class Dispatcher:
         under way (returned, so that whoever waits can be told). All of it audited."""
         history = await asyncio.to_thread(RunHistory.from_register, self._audit)
         found = Recovered()
-        for restored in await self._inbox.recover(history.ran_as):
+        for restored in await self._inbox.recover(history.ran_as, history.ignored):
             await self._reinserted(restored)
-            found.reinserted += restored.ran_as is None
-            found.already_run += restored.ran_as is not None
+            closed = restored.ran_as is not None or restored.ignored
+            found.reinserted += not closed
+            found.already_run += closed
         for wake in await self._inbox.in_flight():
             row = await self._db.run(wake.run_id) if wake.run_id else None
             if row is None or row.started_us is None:
@@ -134,10 +135,12 @@ class Dispatcher:
     async def _reinserted(self, wake: Reinserted) -> None:
         details: dict[str, Any] = {"route": wake.route, "delivery": wake.key,
                                    "source": wake.source, "file": wake.file}
-        if wake.ran_as is None:
-            details["then"] = "queued: no row and no run of it in the register"
-        else:
+        if wake.ran_as is not None:
             details["then"] = f"closed: the register shows {wake.ran_as} ran it already"
+        elif wake.ignored:
+            details["then"] = "closed: the register shows it was ignored"
+        else:
+            details["then"] = "queued: no row and no run of it in the register"
         await self._audit.record("wake", "reinserted", "ok", subject=wake.route,
                                  run_id=wake.ran_as, details=details)
 
@@ -269,9 +272,8 @@ class Dispatcher:
 
 def _details(wake: WakeRow) -> dict[str, Any]:
     """What the `wake received` record says of the wake."""
-    return {"route": wake.route, "event": wake.event, "action": wake.action,
-            "delivery": wake.key, "received_at": from_us(wake.received_us).isoformat(),
-            "attempt": wake.attempts + 1}
+    return wake_details(wake.route, wake.event, wake.action, wake.key, wake.received_us,
+                        wake.attempts + 1)
 
 
 def _subject(wake: WakeRow) -> str:

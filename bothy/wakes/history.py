@@ -18,10 +18,12 @@ from bothy.errors import AuditIntegrityError
 
 
 class RunHistory:
-    """Deliveries the register shows were run: (route, delivery key) → the run id."""
+    """Deliveries the register shows were run ((route, delivery key) → the run id), or
+    ignored."""
 
     def __init__(self, records: Iterable[AuditRecord]) -> None:
         woken: dict[str, tuple[str, str]] = {}  # wake id (or, in older records, run id)
+        self._ignored: set[tuple[str, str]] = set()
         wake_of: dict[str, str] = {}  # run id -> the wake id its records name
         started: set[str] = set()
         for record in records:
@@ -31,6 +33,10 @@ class RunHistory:
                 ident = wake_id if isinstance(wake_id, str) else record.run_id
                 if isinstance(route, str) and isinstance(key, str) and ident:
                     woken[ident] = (route, key)
+            elif (record.kind, record.event) == ("wake", "ignored"):
+                route, key = record.details.get("route"), record.details.get("delivery")
+                if isinstance(route, str) and isinstance(key, str):
+                    self._ignored.add((route, key))
             elif record.kind == "run" and record.run_id:
                 if isinstance(wake_id, str):
                     wake_of[record.run_id] = wake_id
@@ -51,6 +57,10 @@ class RunHistory:
     def ran_as(self, route: str, key: str) -> str | None:
         """The run that already ran this delivery, or None."""
         return self._ran.get((route, key))
+
+    def ignored(self, route: str, key: str) -> bool:
+        """Whether the register shows this delivery was ignored (no job wanted it)."""
+        return (route, key) in self._ignored
 
 
 def _readable(audit: AuditLog) -> Iterator[AuditRecord]:

@@ -1,32 +1,40 @@
 """The inbox: wakes made durable before anyone is told they arrived (SPEC §5, rule 3).
 
-Each delivery is one file, ``$BOTHY_HOME/inbox/<sha256(route NUL key)>.json`` (0600, in a 0700
-directory; a source other than ``webhook`` is part of the hash too), indexed by one row of the
-``wakes`` table in the state database. A wake's source (``webhook``, ``schedule``) is part of its
-identity: the same route and key from two sources are two wakes. ``accept`` makes
-a delivery durable in this order, and returns only after the last step (contracts.md §7):
+A delivery is one line of an append-only segment file under ``$BOTHY_HOME/inbox/``
+(:mod:`bothy.wakes.segments`; 0600 files in a 0700 directory), indexed by one row of the
+``wakes`` table in the state database naming its segment, offset and length. A wake's source
+(``webhook``, ``schedule``, ``chat``…) is part of its identity: the same route and key from
+two sources are two wakes. ``accept`` makes a delivery durable in this order and returns only
+after the last step (contracts.md §7):
 
-1. write the payload to a fresh temporary file in the inbox directory and fsync it;
-2. ``os.link`` it to its final name. The name is derived from the route and the dedupe key,
-   and ``link`` (unlike ``rename``) never replaces: an existing name means the delivery was
-   seen before, and that file was complete and fsynced before it got its name;
-3. unlink the temporary name and fsync the directory, so the final name survives a power loss;
-4. insert the ``wakes`` row (INSERT … ON CONFLICT DO NOTHING; WAL with synchronous=FULL, so the
-   commit is fsynced).
+1. a delivery already known (a row with its source, route and key) is a duplicate and gets
+   no row: the INSERT of step 4 finds it, or, for one no job wants, a lookup beside step 2;
+2. append the payloads to the segment in one write and fsync it (and the directory, for a
+   new segment);
+3. for a delivery no job wants (the listener says so: ``accept(..., ignored=reason)``),
+   record ``wake ignored`` in the register;
+4. insert the rows in one statement (its own transaction; WAL with synchronous=FULL, so the
+   commit is fsynced): ``queued``, or already closed ``ignored`` with the reason.
 
-A crash between 2 and 4 leaves a file without a row; :meth:`Inbox.recover`, run at start-up,
-gives it one. A crash before 2 leaves a temporary file, which :meth:`Inbox.prune` removes. There
-is never a row without a file: prune deletes files before rows, so a forgotten delivery cannot
-come back as a new one.
+Steps 1–4 are a *group commit* (:mod:`bothy.groupcommit`, the mechanism the register shares):
+every delivery that arrives while a commit is under way waits for the next one, which covers
+them all with one segment fsync, one batch of register records and one SQLite transaction.
+Each caller still returns only after the commit holding its row, so nothing is acknowledged
+early; if any step fails, every delivery of the batch hears it (InboxError: the sender is
+answered 503 and retries).
 
-Steps 3 (its directory fsync) and 4 are a *group commit*: every delivery that reaches them
-while a commit is under way waits for the next one, which covers them all with one directory
-fsync and one SQLite transaction. Each caller still returns only after the commit holding its
-row, so nothing is acknowledged early; under load N commits become one.
+A crash between 2 and 4 leaves lines without rows. The rows of a segment always cover a
+prefix of it (a batch's rows are committed before the next batch is written), so
+:meth:`Inbox.recover`, run at start-up, reads each segment only past the last line a row
+names, and gives those lines rows — closed if the register shows they already ran, or were
+ignored. A state database restored from an older copy names less of each segment, and
+recovery reads the rest the same way.
 
-Whether a delivery is new is decided by the row, not the file: a delivery whose file exists
-but whose row is missing (its first attempt failed at step 3 or 4 and was answered 503) is
-queued by the sender's retry, and reported as accepted then.
+Deliveries stored by an older Bothy, one file each (``<sha256(route NUL key)>.json``), are
+still read, recovered and pruned as they were; nothing writes new ones.
+
+Whether a delivery is new is decided by the row, not the payload: a delivery whose first
+attempt failed (answered 503) is queued by the sender's retry.
 """
 
 from __future__ import annotations
@@ -39,28 +47,33 @@ import hashlib
 import json
 import logging
 import os
-import secrets
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bothy.clock import Clock, to_us
+from bothy.clock import Clock, from_us, to_us
+from bothy.engine.audit import AuditLog
 from bothy.engine.state import StateDB
-from bothy.errors import InboxError
-from bothy.fsync import fsync, fsync_directory
+from bothy.errors import BothyError, InboxError
+from bothy.fsync import fsync_directory
+from bothy.groupcommit import GroupCommit
+from bothy.wakes.segments import Segments, Span
 
 _FORMAT_VERSION = 1
 _WEBHOOK = "webhook"  # the source of a delivery that names none (files written before sources)
 _SUFFIX = ".json"
 _TEMP_PREFIX = ".tmp-"
-_FILE_MODE = 0o600
-_DIR_MODE = 0o700
 _FINISHED = ("done", "ignored", "abandoned")
 _DELETE_CHUNK = 500  # ids per DELETE statement, well under SQLite's 32,766 variables
-_ROWS_PER_INSERT = 500  # a group commit's rows; 8 variables each: 4,000 per statement
+_ROWS_PER_COMMIT = 500  # a group commit's rows; 13 variables each: 6,500 per statement
+_LINGER_S = 0.001  # senders answered by one commit come back within it (see groupcommit)
+# One batch's segment fsync while the one before records what was ignored and commits its
+# rows: the CPU of taking the next requests and a commit's fsyncs overlap instead of queueing
+# one behind the other (three in flight made the batches smaller, and slower, here).
+_IN_FLIGHT = 2
 
 _log = logging.getLogger(__name__)
 
@@ -88,9 +101,11 @@ class Delivery:
 
 @dataclass(frozen=True)
 class Accepted:
-    """The delivery is durable and queued as wake ``wake_id``."""
+    """The delivery is durable as wake ``wake_id``: queued, or, when ``ignored`` gives the
+    reason, already closed as ignored (no job wants it) and recorded so."""
 
     wake_id: int
+    ignored: str | None = None
 
 
 @dataclass(frozen=True)
@@ -102,8 +117,9 @@ class Duplicate:
 
 @dataclass(frozen=True)
 class Reinserted:
-    """A payload file that had no row and got one at start-up; ``ran_as`` the run that the
-    register shows already ran it (then the wake is closed, not queued)."""
+    """A payload that had no row and got one at start-up; ``ran_as`` the run that the
+    register shows already ran it, ``ignored`` whether it shows it was ignored (either way
+    the wake is closed, not queued)."""
 
     wake_id: int
     source: str
@@ -111,11 +127,14 @@ class Reinserted:
     key: str
     file: str
     ran_as: str | None
+    ignored: bool = False
 
 
 @dataclass(frozen=True)
 class WakeRow:
-    """One row of the ``wakes`` table. ``file`` is the payload's name in the inbox directory."""
+    """One row of the ``wakes`` table. ``file`` is the payload's segment (or, for one stored
+    by an older Bothy, its own file) in the inbox directory; ``payload_at`` and
+    ``payload_bytes`` where its line is in the segment (None for a file of its own)."""
 
     id: int
     source: str
@@ -131,163 +150,253 @@ class WakeRow:
     file: str
     note: str | None
     finished_us: int | None = None
+    payload_at: int | None = None
+    payload_bytes: int | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> WakeRow:
         return cls(**{name: row[name] for name in cls.__dataclass_fields__})
 
 
-@dataclass
-class _Pending:
-    """A delivery whose file is linked, waiting for the group commit (steps 3 and 4)."""
+@dataclass(frozen=True)
+class _Taken:
+    """A delivery handed to the group commit, with the listener's verdict if no job wants it."""
 
     delivery: Delivery
-    file: str
-    outcome: asyncio.Future[Accepted | Duplicate]
+    ignored: str | None
 
 
 class Inbox:
-    """Durable wakes: the files under ``root`` and their rows in ``db``."""
+    """Durable wakes: the segments under ``root`` and their rows in ``db``; what was ignored
+    at intake is recorded in ``audit``."""
 
-    def __init__(self, root: Path, db: StateDB, *, clock: Clock) -> None:
+    def __init__(self, root: Path, db: StateDB, *, clock: Clock, audit: AuditLog) -> None:
         self.root = root
         self._db = db
         self._clock = clock
-        self._waiting: list[_Pending] = []
-        # The group committer: started by the first delivery that finds none running, ends
-        # when nobody is waiting. Owned here; every waiter awaits its own future.
-        self._committer: asyncio.Task[None] | None = None
+        self._audit = audit
+        self._segments = Segments(root)
+        self._group: GroupCommit[_Taken, Accepted | Duplicate] = GroupCommit(
+            self._commit, max_batch=_ROWS_PER_COMMIT, name="inbox-commit",
+            linger_s=_LINGER_S, in_flight=_IN_FLIGHT)
+        # Each step of a commit is a turn, taken in batch order (asyncio.Lock is FIFO, and
+        # each turn is taken before the last one is let go): segment appends, the register's
+        # records, then the rows, so the rows still cover a prefix of the segment.
+        self._appending = asyncio.Lock()
+        self._recording = asyncio.Lock()
+        self._inserting = asyncio.Lock()
 
     # -- intake ----------------------------------------------------------------------------
 
-    async def accept(self, delivery: Delivery) -> Accepted | Duplicate:
-        """Make ``delivery`` durable (file, directory, row: see the module docstring).
+    async def accept(
+        self, delivery: Delivery, *, ignored: str | None = None
+    ) -> Accepted | Duplicate:
+        """Make ``delivery`` durable (see the module docstring); ``ignored``: the reason no
+        job wants it, to close it as ignored at once (recorded ``wake ignored``).
 
         Raises InboxError when it cannot be made durable; the delivery is then not queued
         and the sender should be told to retry (503).
         """
-        name = payload_name(delivery.route, delivery.key, delivery.source)
         try:
-            await asyncio.to_thread(_store_payload, self.root, name, delivery)
-        except OSError as exc:
+            return await self._group.submit(_Taken(delivery, ignored))
+        except InboxError:
+            raise
+        except Exception as exc:  # every failure of the commit is this delivery's 503
+            if not isinstance(exc, OSError | sqlite3.Error | BothyError):
+                _log.exception("inbox: the group commit failed")
             raise InboxError(
                 f"Cannot make delivery {delivery.key!r} of route {delivery.route!r} durable in"
-                f" {self.root}: {exc.strerror or exc}"
+                f" {self.root}: {_why(exc)}"
             ) from exc
-        pending = _Pending(delivery, name, asyncio.get_running_loop().create_future())
-        self._waiting.append(pending)
-        if self._committer is None or self._committer.done():
-            self._committer = asyncio.create_task(self._commit_waiting(), name="inbox-commit")
-        return await pending.outcome
 
-    async def _commit_waiting(self) -> None:
-        while self._waiting:
-            batch = self._waiting[:_ROWS_PER_INSERT]
-            del self._waiting[:_ROWS_PER_INSERT]
-            try:
-                outcomes = await self._commit(batch)
-            except asyncio.CancelledError:
-                for pending in batch:
-                    _settle(pending.outcome, InboxError("the inbox stopped before the commit"))
-                raise
-            except Exception as exc:  # every waiter hears of it; an unknown fault is logged
-                message = str(exc)
-                if not isinstance(exc, InboxError):
-                    _log.exception("inbox: the group commit failed")
-                    message = f"Cannot commit {len(batch)} wake(s): {exc!r}"
-                for pending in batch:
-                    _settle(pending.outcome, InboxError(message))
+    async def _commit(self, batch: list[_Taken]) -> list[Accepted | Duplicate]:
+        """Steps 1–4 for a whole batch: one segment fsync, the register's records of what was
+        ignored (one commit of theirs), one INSERT.
+
+        Known deliveries are found by the INSERT itself (ON CONFLICT: no row), and only then
+        looked up for their wake id; in a batch holding deliveries no job wants, they are
+        looked up beside the segment's write and fsync (one wait, not two), before the
+        register's records. A known delivery's line is written for nothing: it gets no row,
+        and recovery, meeting it past a segment's rows, gives it none (its row is there) or
+        closes it by what the register shows.
+        """
+        first: dict[tuple[str, str, str], _Taken] = {}
+        for taken in batch:
+            first.setdefault(_ident(taken.delivery), taken)
+        lines = [encode_payload_file(t.delivery) + b"\n" for t in first.values()]
+        known: dict[tuple[str, str, str], int] = {}
+        # Up to _IN_FLIGHT commits are under way, one in each step (see __init__).
+        async with self._appending:
+            appending = asyncio.to_thread(self._segments.append, lines)
+            if any(t.ignored is not None for t in first.values()):
+                # What no job wants is recorded before its row: a known one must not be again.
+                known, spans = await asyncio.gather(
+                    self._known([t.delivery for t in first.values()]), appending)
+            else:  # the INSERT finds the known ones (ON CONFLICT), and they are looked up then
+                spans = await appending
+            await self._recording.acquire()  # this batch's turn, before the next one's
+        fresh = [(taken, span) for (ident, taken), span
+                 in zip(first.items(), spans, strict=True) if ident not in known]
+        try:
+            await self._record_ignored([t for t, _ in fresh if t.ignored is not None])
+            await self._inserting.acquire()
+        finally:
+            self._recording.release()
+        ids: dict[tuple[str, str, str], int] = {}
+        try:
+            if fresh:
+                ids = await self._insert(fresh)
+                raced = [t.delivery for t, _ in fresh if _ident(t.delivery) not in ids]
+                if raced:  # another connection's row came first: that one counts
+                    known |= await self._known(raced)
+        finally:
+            self._inserting.release()
+        outcomes: list[Accepted | Duplicate] = []
+        for taken in batch:
+            ident = _ident(taken.delivery)
+            if first[ident] is taken and ident in ids:
+                outcomes.append(Accepted(ids[ident], taken.ignored))
             else:
-                for pending, outcome in zip(batch, outcomes, strict=True):
-                    _settle(pending.outcome, outcome)
+                outcomes.append(Duplicate(known.get(ident, ids.get(ident))))
+        return outcomes
 
-    async def _commit(self, batch: list[_Pending]) -> list[Accepted | Duplicate]:
-        """Steps 3 and 4 for a whole batch: one directory fsync, then one INSERT statement."""
-        try:
-            await asyncio.to_thread(fsync_directory, self.root)
-        except OSError as exc:
-            raise InboxError(f"Cannot fsync the inbox directory {self.root}: {exc}") from exc
-        try:
-            return await self._insert([(p.delivery, p.file) for p in batch])
-        except sqlite3.Error as exc:
-            raise InboxError(f"Cannot record {len(batch)} wake(s) in the state database: {exc}"
-                             ) from exc
+    async def _known(self, deliveries: list[Delivery]) -> dict[tuple[str, str, str], int]:
+        """The wake id of each delivery that already has a row."""
+        idents = list(dict.fromkeys(_ident(d) for d in deliveries))
+        # A join, not "(source, route, key) IN (VALUES …)": SQLite scans the whole table for
+        # that, and searches the unique index for this.
+        rows = await self._db.fetch_all(
+            "SELECT w.id, w.source, w.route, w.key FROM (VALUES "
+            + ",".join("(?, ?, ?)" for _ in idents) + ") AS v JOIN wakes AS w"
+            " ON w.source = v.column1 AND w.route = v.column2 AND w.key = v.column3",
+            tuple(value for ident in idents for value in ident),
+        )
+        return {(row["source"], row["route"], row["key"]): int(row["id"]) for row in rows}
 
-    async def _insert(self, items: list[tuple[Delivery, str]]) -> list[Accepted | Duplicate]:
-        """Insert-if-absent the rows of ``items`` in one statement (its own transaction).
+    async def _record_ignored(self, ignored: list[_Taken]) -> None:
+        """``wake ignored`` for each delivery no job wants, before its row says so: a crash
+        between leaves the record, and recovery closes the wake by it (never twice)."""
+        if not ignored:
+            return
+        written = await asyncio.gather(
+            *(self._audit.record("wake", "ignored", "refused", subject=t.delivery.route,
+                                 details={**delivery_details(t.delivery), "reason": t.ignored})
+              for t in ignored),
+            return_exceptions=True)
+        for outcome in written:
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    async def _insert(
+        self, items: Sequence[tuple[_Taken, Span | None]], *, file: str | None = None
+    ) -> dict[tuple[str, str, str], int]:
+        """Insert-if-absent the rows of ``items`` in one statement (its own transaction);
+        return the ids of those inserted.
 
         One statement, because each is a round trip to SQLite's thread, and under load a
         round trip costs more than the rows: BEGIN, INSERT, COMMIT took three times as long.
         """
         params: list[object] = []
-        for delivery, file in items:
+        for taken, span in items:
+            delivery = taken.delivery
             received_us = to_us(delivery.received_at)
+            closed = taken.ignored is not None
             params += [delivery.source, delivery.route, delivery.key, delivery.event,
-                       delivery.action, received_us, received_us, file]
+                       delivery.action, "ignored" if closed else "queued", received_us,
+                       received_us, span.segment if span is not None else file,
+                       span.offset if span is not None else None,
+                       span.length if span is not None else None, taken.ignored,
+                       to_us(self._clock()) if closed else None]
         rows = await self._db.atomic(
             "INSERT INTO wakes (source, route, key, event, action, status, attempts,"
-            " next_try_us, received_us, file) VALUES "
-            + ",".join("(?, ?, ?, ?, ?, 'queued', 0, ?, ?, ?)" for _ in items)
+            " next_try_us, received_us, file, payload_at, payload_bytes, note, finished_us)"
+            " VALUES " + ",".join("(?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?)" for _ in items)
             + " ON CONFLICT (source, route, key) DO NOTHING RETURNING id, source, route, key",
             tuple(params),
         )
-        inserted = {(row["source"], row["route"], row["key"]): int(row["id"]) for row in rows}
-        outcomes: list[Accepted | Duplicate] = []
-        for delivery, _ in items:
-            ident = (delivery.source, delivery.route, delivery.key)
-            wake_id = inserted.pop(ident, None)  # the first copy in the batch is the new one
-            if wake_id is not None:
-                outcomes.append(Accepted(wake_id))
-            else:
-                outcomes.append(Duplicate(await self._wake_id(*ident)))
-        return outcomes
-
-    async def _wake_id(self, source: str, route: str, key: str) -> int | None:
-        row = await self._db.fetch_one(
-            "SELECT id FROM wakes WHERE source = ? AND route = ? AND key = ?",
-            (source, route, key),
-        )
-        return int(row[0]) if row is not None else None
+        return {(row["source"], row["route"], row["key"]): int(row["id"]) for row in rows}
 
     async def recover(
-        self, ran_as: Callable[[str, str], str | None] | None = None
+        self,
+        ran_as: Callable[[str, str], str | None] | None = None,
+        ignored_as: Callable[[str, str], bool] | None = None,
     ) -> list[Reinserted]:
-        """Give a row to every payload file that has none, and say what each became.
+        """Give a row to every payload that has none, and say what each became.
 
-        A file without a row is a crash between file and row, or a state database restored
-        from an older copy. ``ran_as(route, key)`` names the run the register shows already
-        ran that delivery: such a wake is recorded closed (``done``, with that run), never
-        queued to run again. Every other one is queued. Run it at start-up, before the
-        listeners. A file that cannot be read back is left where it is, and logged.
+        A payload without a row is a crash between the segment's fsync and the rows, or a
+        state database restored from an older copy. ``ran_as(route, key)`` names the run the
+        register shows already ran that delivery, ``ignored_as(route, key)`` whether it shows
+        it was ignored: such a wake is recorded closed (``done`` with that run, or
+        ``ignored``), never queued to run again. Every other one is queued. Run it at
+        start-up, before the listeners. A payload that cannot be read back is left where it
+        is, and logged.
         """
-        known = {row["file"] for row in await self._db.fetch_all("SELECT file FROM wakes")}
+        found: list[tuple[Delivery, Span | None, str]] = []
+        found += await self._unindexed_lines()
+        found += await self._unindexed_files()
+        reinserted = []
+        for delivery, span, file in found:
+            try:
+                ids = await self._insert([(_Taken(delivery, None), span)], file=file)
+            except sqlite3.Error as exc:
+                raise InboxError(f"Cannot record recovered wake {file}: {exc}") from exc
+            wake_id = ids.get(_ident(delivery))
+            if wake_id is None:
+                continue  # a row was there after all (a copy seen twice)
+            run_id = ran_as(delivery.route, delivery.key) if ran_as is not None else None
+            ignored = (run_id is None and ignored_as is not None
+                       and ignored_as(delivery.route, delivery.key))
+            if run_id is not None:
+                await self.finish(wake_id, "done", run_id=run_id,
+                                  note=f"restored from its payload; the register shows {run_id}"
+                                  " ran it already")
+            elif ignored:
+                await self.finish(wake_id, "ignored", run_id=None,
+                                  note="restored from its payload; the register shows it was"
+                                  " ignored")
+            reinserted.append(Reinserted(wake_id, delivery.source, delivery.route,
+                                         delivery.key, file, run_id, ignored))
+        return reinserted
+
+    async def _unindexed_lines(self) -> list[tuple[Delivery, Span | None, str]]:
+        """Lines of each segment past the last one a row names (the rows cover a prefix)."""
+        rows = await self._db.fetch_all(
+            "SELECT file, MAX(payload_at + payload_bytes) AS covered FROM wakes"
+            " WHERE payload_at IS NOT NULL GROUP BY file")
+        covered = {row["file"]: int(row["covered"]) for row in rows}
+        try:
+            return await asyncio.to_thread(self._lines_past, covered)
+        except OSError as exc:
+            raise InboxError(f"Cannot read the inbox's segments in {self.root}: {exc}") from exc
+
+    def _lines_past(self, covered: dict[str, int]) -> list[tuple[Delivery, Span | None, str]]:
+        found: list[tuple[Delivery, Span | None, str]] = []
+        for segment in self._segments.names():
+            for span, line in self._segments.lines_after(segment, covered.get(segment, 0)):
+                try:
+                    found.append((decode_payload_file(line), span, segment))
+                except ValueError as exc:
+                    _log.warning("inbox: line at offset %d of %s is damaged (%s); leaving it"
+                                 " for an operator", span.offset, segment, exc)
+        return found
+
+    async def _unindexed_files(self) -> list[tuple[Delivery, Span | None, str]]:
+        """Payload files of an older Bothy (one per delivery) that have no row."""
+        known = {row["file"] for row in await self._db.fetch_all(
+            "SELECT file FROM wakes WHERE payload_at IS NULL")}
         try:
             names = await asyncio.to_thread(_payload_names, self.root)
         except OSError as exc:
             raise InboxError(f"Cannot list the inbox {self.root}: {exc}") from exc
-        reinserted = []
+        found: list[tuple[Delivery, Span | None, str]] = []
         for name in names:
             if name in known:
                 continue
             try:
-                delivery = await self._read(name)
+                found.append((await self._read_file(name), None, name))
             except InboxError as exc:
                 _log.warning("inbox: %s; leaving it for an operator", exc)
-                continue
-            try:
-                [outcome] = await self._insert([(delivery, name)])
-            except sqlite3.Error as exc:
-                raise InboxError(f"Cannot record recovered wake {name}: {exc}") from exc
-            if not isinstance(outcome, Accepted):
-                continue
-            run_id = ran_as(delivery.route, delivery.key) if ran_as is not None else None
-            if run_id is not None:
-                await self.finish(outcome.wake_id, "done", run_id=run_id,
-                                  note=f"restored from its file; the register shows {run_id}"
-                                  " ran it already")
-            reinserted.append(Reinserted(outcome.wake_id, delivery.source, delivery.route,
-                                         delivery.key, name, run_id))
-        return reinserted
+        return found
 
     # -- the dispatcher's side -------------------------------------------------------------
 
@@ -301,8 +410,22 @@ class Inbox:
         return [WakeRow.from_row(row) for row in rows]
 
     async def load(self, wake: WakeRow) -> Delivery:
-        """The delivery of ``wake``, read back from its file; its body byte for byte."""
-        return await self._read(wake.file)
+        """The delivery of ``wake``, read back from its segment (or file); its body byte for
+        byte."""
+        if wake.payload_at is None or wake.payload_bytes is None:
+            return await self._read_file(wake.file)
+        span = Span(wake.file, wake.payload_at, wake.payload_bytes)
+        where = f"{self.root / wake.file} at offset {wake.payload_at}"
+        try:
+            line = await asyncio.to_thread(self._segments.read, span)
+        except OSError as exc:
+            raise InboxError(f"Cannot read wake payload {where}: {exc}") from exc
+        except ValueError as exc:
+            raise InboxError(f"Wake payload {where} is damaged: {exc}") from exc
+        try:
+            return decode_payload_file(line)
+        except ValueError as exc:
+            raise InboxError(f"Wake payload {where} is damaged: {exc}") from exc
 
     async def claim(self, wake_id: int) -> bool:
         """Take a queued wake (queued → running); False if it was not queued (someone has it)."""
@@ -366,24 +489,31 @@ class Inbox:
         return [WakeRow.from_row(row) for row in rows]
 
     async def prune(self, older_than_us: int) -> int:
-        """Forget finished wakes received before ``older_than_us``, files first, then rows.
+        """Forget finished wakes received before ``older_than_us``, payloads first, then rows.
 
-        Also removes temporary files older than that (left by a crash mid-write). Keep at
-        least GitHub's redelivery window (3 days, 7 on GHES: contracts.md §1.5): a delivery
-        forgotten here would be queued again if it were redelivered. Returns how many wakes.
+        A segment goes only once every wake in it is finished and old, and never the one this
+        process appends to; lines that never got a row (a failed batch) go with their
+        segment once it is that old. Old files of their own go as before, with temporary files
+        an older Bothy left. Keep at least GitHub's redelivery window (3 days, 7 on GHES:
+        contracts.md §1.5): a delivery forgotten here would be queued again if it were
+        redelivered. Returns how many wakes.
         """
         marks = ",".join("?" for _ in _FINISHED)
-        rows = await self._db.fetch_all(
-            f"SELECT id, file FROM wakes WHERE status IN ({marks}) AND received_us < ?",
-            (*_FINISHED, older_than_us),
-        )
+        files = await self._db.fetch_all(
+            f"SELECT id, file FROM wakes WHERE payload_at IS NULL AND status IN ({marks})"
+            " AND received_us < ?", (*_FINISHED, older_than_us))
+        segments = await self._db.fetch_all(
+            f"SELECT file, COUNT(*) AS wakes, SUM(status IN ({marks}) AND received_us < ?)"
+            " AS old FROM wakes WHERE payload_at IS NOT NULL GROUP BY file",
+            (*_FINISHED, older_than_us))
+        indexed = {row["file"]: row["wakes"] == row["old"] for row in segments}
         try:
+            gone = await asyncio.to_thread(self._prune_segments, indexed, older_than_us)
             await asyncio.to_thread(
-                _remove_payloads, self.root, [row["file"] for row in rows], older_than_us
-            )
+                _remove_payloads, self.root, [row["file"] for row in files], older_than_us)
         except OSError as exc:
             raise InboxError(f"Cannot remove old payloads from {self.root}: {exc}") from exc
-        ids = [int(row["id"]) for row in rows]
+        ids = [int(row["id"]) for row in files]
         async with self._db.transaction():
             for start in range(0, len(ids), _DELETE_CHUNK):
                 chunk = ids[start:start + _DELETE_CHUNK]
@@ -391,9 +521,22 @@ class Inbox:
                     f"DELETE FROM wakes WHERE id IN ({','.join('?' for _ in chunk)})",
                     tuple(chunk),
                 )
-        return len(ids)
+            forgotten = len(ids)
+            for start in range(0, len(gone), _DELETE_CHUNK):
+                names = gone[start:start + _DELETE_CHUNK]
+                forgotten += await self._db.execute(
+                    f"DELETE FROM wakes WHERE file IN ({','.join('?' for _ in names)})"
+                    " AND payload_at IS NOT NULL", tuple(names))
+        return forgotten
 
-    async def _read(self, name: str) -> Delivery:
+    def _prune_segments(self, indexed: dict[str, bool], older_than_us: int) -> list[str]:
+        """Remove the segments that may go; return their names."""
+        gone = [name for name in self._segments.names() if name != self._segments.current
+                and indexed.get(name, self._segments.mtime_us(name) < older_than_us)]
+        self._segments.remove(gone)
+        return gone
+
+    async def _read_file(self, name: str) -> Delivery:
         try:
             data = await asyncio.to_thread((self.root / name).read_bytes)
         except OSError as exc:
@@ -402,6 +545,29 @@ class Inbox:
             return decode_payload_file(data)
         except ValueError as exc:
             raise InboxError(f"Wake payload {self.root / name} is damaged: {exc}") from exc
+
+
+def delivery_details(delivery: Delivery, *, attempt: int = 1) -> dict[str, Any]:
+    """What a wake's own records (``wake received``, ``wake ignored``) say of its delivery."""
+    return wake_details(delivery.route, delivery.event, delivery.action, delivery.key,
+                        to_us(delivery.received_at), attempt)
+
+
+def wake_details(route: str, event: str, action: str | None, key: str, received_us: int,
+                 attempt: int) -> dict[str, Any]:
+    """The details every record of a wake starts with (the one place that says them)."""
+    return {"route": route, "event": event, "action": action, "delivery": key,
+            "received_at": from_us(received_us).isoformat(), "attempt": attempt}
+
+
+def _ident(delivery: Delivery) -> tuple[str, str, str]:
+    return (delivery.source, delivery.route, delivery.key)
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return str(exc) or type(exc).__name__
 
 
 # -- the file format -----------------------------------------------------------------------
@@ -471,38 +637,6 @@ def decode_payload_file(data: bytes) -> Delivery:
 # -- blocking file work (always called through asyncio.to_thread) ---------------------------
 
 
-def _store_payload(root: Path, name: str, delivery: Delivery) -> None:
-    """Steps 1 and 2: the payload fsynced under a temporary name, then linked to ``name``."""
-    _ensure_dir(root)
-    final = root / name
-    if final.exists():
-        return  # seen before: that file was complete and fsynced before it got its name
-    data = encode_payload_file(delivery)
-    temp = root / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, _FILE_MODE)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            fsync(fd)
-        finally:
-            os.close(fd)
-        with contextlib.suppress(FileExistsError):  # a concurrent copy of it got there first
-            os.link(temp, final)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-
-
-def _ensure_dir(root: Path) -> None:
-    if root.is_dir():
-        return
-    # FileExistsError when ``root`` is a file: the caller reports it as an OSError.
-    root.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
-    fsync_directory(root.parent)
-
-
 def _payload_names(root: Path) -> list[str]:
     if not root.is_dir():
         return []
@@ -522,13 +656,3 @@ def _remove_payloads(root: Path, names: list[str], older_than_us: int) -> None:
                 if entry.stat().st_mtime_ns // 1000 < older_than_us:
                     os.unlink(entry.path)
     fsync_directory(root)  # the names are gone for good before their rows are
-
-
-def _settle(future: asyncio.Future[Accepted | Duplicate],
-            outcome: Accepted | Duplicate | InboxError) -> None:
-    if future.done():  # its caller went away (cancelled); nobody is waiting for it
-        return
-    if isinstance(outcome, InboxError):
-        future.set_exception(outcome)
-    else:
-        future.set_result(outcome)

@@ -51,14 +51,32 @@ def match(
     token: str,
 ) -> Matched | Ignored:
     """The first job of the route that this delivery wakes, rendered; or why none."""
+    job = _wanted_by(route_name, route, event, action, payload)
+    if isinstance(job, Ignored):
+        return job
+    subject = render_subject(job.subject, payload, route_name)
+    return Matched(job, subject, render_prompt(job, payload, route_name, event, token))
+
+
+def unwanted(
+    route_name: str, route: WebhookRoute, event: str, action: str | None,
+    payload: dict[str, Any],
+) -> Ignored | None:
+    """Why no job of the route wants this delivery, or None if one does (nothing rendered):
+    asked at intake, so that what nobody wants is closed there and never queued."""
+    job = _wanted_by(route_name, route, event, action, payload)
+    return job if isinstance(job, Ignored) else None
+
+
+def _wanted_by(
+    route_name: str, route: WebhookRoute, event: str, action: str | None,
+    payload: dict[str, Any],
+) -> WebhookJob | Ignored:
     for job in route.jobs:
         if job.event != event or (job.actions and action not in job.actions):
             continue
         refusal = _author_refusal(job, payload)
-        if refusal is not None:
-            return Ignored(refusal)
-        subject = render_subject(job.subject, payload, route_name)
-        return Matched(job, subject, render_prompt(job, payload, route_name, event, token))
+        return job if refusal is None else Ignored(refusal)
     shown = f"{event}/{action}" if action else event
     return Ignored(f"no job of route '{route_name}' matches event {shown}")
 

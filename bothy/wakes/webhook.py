@@ -23,8 +23,9 @@ What a sender hears, checked in this order:
 400   a body that is not an acceptable JSON object: not JSON, not UTF-8, not an object,
       nested deeper than 100 levels, or holding a string no UTF-8 encoder takes
 200   ``ping`` (GitHub): audited, not queued
-200   queued: the delivery is durable (see ``bothy.wakes.inbox``) — or a duplicate, not queued
-      again (the sender did nothing wrong)
+200   queued: the delivery is durable (see ``bothy.wakes.inbox``); or ignored: durable, and
+      closed at once because no job wants it (``wake ignored`` recorded, nothing queued);
+      or a duplicate, not queued again (the sender did nothing wrong)
 503   the delivery could not be made durable: the sender should retry (the only 5xx for
       anything a sender sent)
 ====  ===============================================================================
@@ -38,7 +39,8 @@ signature": 78``) and summarised in one ``webhook suppressed`` record when the w
 is known (404, and those the parser rejects or that were too slow) share the ``-`` bucket;
 those turned away before the handler are also logged, one line a window, never a traceback.
 An accepted delivery is not audited here: the dispatcher records ``wake received`` from the
-durable file. Nothing here starts a run, and neither a secret nor a body is ever logged or
+durable payload; one no job wants is recorded ``wake ignored`` by the inbox, in the commit
+that makes it durable. Nothing here starts a run, and neither a secret nor a body is ever logged or
 audited.
 
 No aiohttp type or exception leaves this module.
@@ -67,6 +69,7 @@ from bothy.engine.audit import AuditLog
 from bothy.errors import BothyError, InboxError, ListenerError
 from bothy.wakes.httpserver import HttpServer, ReadDeadlines, Rejected
 from bothy.wakes.inbox import Accepted, Delivery, Inbox
+from bothy.wakes.jobs import Ignored, unwanted
 from bothy.wakes.refusals import Refusal, RefusalLimiter
 
 _UNKNOWN_ROUTE = "-"  # one refusal bucket for every path that names no route
@@ -81,6 +84,8 @@ _EVENT_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 _ACTION_MAX_CHARS = 100
 _MAX_DEPTH = 100  # GitHub's payloads are a handful of levels deep
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+# How a surrogate can be written in a body json.loads accepts (see _may_be_unacceptable).
+_SURROGATE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]|\x00")
 _CLOSING_STATUSES = frozenset({408, 413})
 # A sender that cannot get its headers out in seconds is not GitHub; the public (Funnel)
 # door, open to anyone, is held to the shorter deadlines.
@@ -261,23 +266,30 @@ class WebhookListener:
             return payload.naming(envelope.delivery_id)
         if route.kind == "github" and envelope.event == "ping":
             return await self._ping(request, name, envelope)
+        action = _action(payload)
         delivery = Delivery(route=name, key=envelope.key, event=envelope.event,
-                            action=_action(payload), headers=_kept_headers(request),
+                            action=action, headers=_kept_headers(request),
                             body=body, received_at=received_at)
-        return await self._store(delivery, envelope)
+        return await self._store(delivery, envelope,
+                                 unwanted(name, route, envelope.event, action, payload))
 
     async def _store(
-        self, delivery: Delivery, envelope: _Envelope
+        self, delivery: Delivery, envelope: _Envelope, ignored: Ignored | None
     ) -> web.StreamResponse | Refusal:
+        """Durable, then 200: queued, closed as ignored (no job wants it), or a duplicate."""
         try:
-            outcome = await self._inbox.accept(delivery)
+            outcome = await self._inbox.accept(
+                delivery, ignored=ignored.reason if ignored is not None else None)
         except InboxError as exc:
             return Refusal(503, f"cannot be made durable: {exc}", "not stored; retry later",
                            delivery=envelope.delivery_id)
-        if isinstance(outcome, Accepted):
+        if isinstance(outcome, Accepted) and outcome.ignored is None:
             if self._on_accepted is not None:
                 self._on_accepted()
             return web.json_response({"status": "queued", "delivery": envelope.delivery_id})
+        if isinstance(outcome, Accepted):
+            return web.json_response({"status": "ignored", "delivery": envelope.delivery_id,
+                                      "reason": outcome.ignored})
         return web.json_response({"status": "duplicate", "delivery": envelope.delivery_id})
 
     async def _ping(
@@ -461,7 +473,20 @@ def _parse(body: bytes) -> dict[str, Any] | Refusal:
     if not isinstance(payload, dict):
         return Refusal(400, f"body is JSON but not an object ({type(payload).__name__})",
                        "body is not a JSON object")
+    if not _may_be_unacceptable(body):
+        return payload
     return _acceptable(payload)
+
+
+def _may_be_unacceptable(body: bytes) -> bool:
+    """Whether the walk below could refuse this body, judged from its bytes (the walk costs
+    more than the rest of a delivery's intake). Nesting past ``_MAX_DEPTH`` needs more than
+    that many brackets. A lone surrogate reaches the parsed text only as a ``\\uD800``-style
+    escape or, since ``json.loads`` decodes bytes with ``surrogatepass``, as its three UTF-8
+    style bytes (``ED A0..BF ..``) or in a UTF-16/32 body (which holds NUL bytes, as JSON in
+    UTF-8 never does). Over-estimates all: when one may be there, the walk decides."""
+    return (body.count(b"{") + body.count(b"[") > _MAX_DEPTH
+            or _SURROGATE_BYTES.search(body) is not None)
 
 
 def _acceptable(payload: dict[str, Any]) -> dict[str, Any] | Refusal:

@@ -149,8 +149,8 @@ class Shell:
         self.site = site
         self._commands: list[Command] = []
 
-    async def start(self, *args: str) -> Command:
-        command = Command(args, await self.site.start(*args))
+    async def start(self, *args: str, **extra_env: str) -> Command:
+        command = Command(args, await self.site.start(*args, **extra_env))
         self._commands.append(command)
         return command
 
