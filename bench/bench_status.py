@@ -28,13 +28,16 @@ def main() -> None:
         "site": "bench", "workspace": str(root / "work"), "pool": {"max_workers": 2},
         "budget": {"mode": "api", "per_run_usd": 0.5, "per_day_usd": 25.0},
     }))
-    env = {**os.environ, "BOTHY_HOME": str(root)}
+    # As a site meets it: an installed bothy has its bytecode compiled (pip does that), so the
+    # test environment's PYTHONDONTWRITEBYTECODE would measure compiling, not starting.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["BOTHY_HOME"] = str(root)
     bothy = [str(REPO / ".venv" / "bin" / "bothy"), "status"]
     bare = [sys.executable, "-c", "pass"]
     _time(bothy, env)  # warm the page cache and write the .pyc files once
     status_s = median([_time(bothy, env) for _ in range(RUNS)])
     bare_s = median([_time(bare, env) for _ in range(RUNS)])
-    figure("bothy status cold start (median)", status_s * 1000, "ms", 150, higher_is_better=False)
+    figure("bothy status cold start (median)", status_s * 1000, "ms", 60, higher_is_better=False)
     print(f"   bare python3 -c pass: {bare_s * 1000:.1f} ms; bothy status is"
           f" {status_s / bare_s:.1f}× that ({(status_s - bare_s) * 1000:.1f} ms of its own)")
     shutil.rmtree(root, ignore_errors=True)

@@ -49,12 +49,46 @@ class _Subparser(_Parser):
         return parsed, extras
 
 
-def _parser() -> argparse.ArgumentParser:
+class _Unbuilt:
+    """Stands in for a subcommand's parser that this command line does not name: whatever is
+    asked of it (add_argument, add_subparsers, ...) is nothing."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: self
+
+
+class _Wanted:
+    """The subcommands, of which only the one the command line names is built: building all
+    of them is most of a `bothy status` (argparse looks up translations for every parser)."""
+
+    def __init__(self, commands: Any, wanted: str | None) -> None:
+        self._commands = commands
+        self._wanted = wanted
+        self.found = wanted is None
+
+    def add_parser(self, name: str, **kwargs: Any) -> Any:
+        if self._wanted is None or name == self._wanted:
+            self.found = True
+            return self._commands.add_parser(name, **kwargs)
+        return _Unbuilt()
+
+
+def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser. When the first word of ``argv`` is a command, only that
+    command's parser is built; anything else (``--help``, a typo) gets all of them."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    first = words[0] if words and not words[0].startswith("-") else None
+    parser, found = _build_parser(first)
+    return parser if found else _build_parser(None)[0]
+
+
+def _build_parser(wanted: str | None) -> tuple[argparse.ArgumentParser, bool]:
     parser = _Parser(
         prog="bothy", description="A supervised Codex harness for unattended machines."
     )
     parser.add_argument("--version", action="version", version=f"bothy {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Subparser)
+    commands = _Wanted(
+        parser.add_subparsers(dest="command", required=True, parser_class=_Subparser), wanted)
     # (each command's behaviour lives in bothy.commands; status in bothy.status)
 
     run = commands.add_parser("run", help="run one prompt through a supervised codex worker")
@@ -109,7 +143,7 @@ def _parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser("doctor", help="check this installation, one line per check")
     doctor.add_argument("--json", action="store_true")
     _install_parsers(commands)
-    return parser
+    return parser, commands.found
 
 
 def _install_parsers(commands: Any) -> None:
@@ -243,7 +277,7 @@ def _reader_gone() -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser(argv).parse_args(argv)
     try:
         return _dispatch(args)
     except StateCorruptError as exc:

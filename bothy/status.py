@@ -14,9 +14,8 @@ import contextlib
 import hashlib
 import json
 import sqlite3
-from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 from zoneinfo import ZoneInfo
 
 from bothy.atomicfile import write_atomically
@@ -27,8 +26,7 @@ from bothy.money import format_usd
 
 _TRACES_SHOWN = 5  # runs whose trace waits, listed by name (the rest counted)
 
-@dataclass(frozen=True)
-class StatusView:
+class StatusView(NamedTuple):
     """The part of the configuration status shows."""
 
     site: str
@@ -63,7 +61,7 @@ def _validate(home: BothyHome, stamp: Any) -> StatusView:
                       cfg.pool.max_workers, cfg.budget.mode, cfg.budget.plan_ceiling_percent,
                       cfg.budget.plan_reserve_percent)
     if home.state_dir.is_dir():
-        record = {"sha256": hashlib.sha256(raw).hexdigest(), "view": asdict(view)}
+        record = {"sha256": hashlib.sha256(raw).hexdigest(), "view": view._asdict()}
         with contextlib.suppress(OSError):  # the stamp only saves time; never fail status on it
             write_atomically(stamp, json.dumps(record).encode())
     return view
