@@ -24,7 +24,7 @@ import aiosqlite
 
 from bothy.errors import StateCorruptError, StateError
 
-_SCHEMA_VERSION = 10
+_SCHEMA_VERSION = 11
 _BUSY_TIMEOUT_MS = 30_000
 
 _SCHEMA = """
@@ -110,7 +110,7 @@ CREATE TABLE IF NOT EXISTS wakes (
     file         TEXT NOT NULL,
     note         TEXT,
     finished_us  INTEGER,
-    payload_at    INTEGER,  -- where its line is in the segment named by file (schema 10),
+    payload_at    INTEGER,  -- where its line is in the segment named by file (schema 11),
     payload_bytes INTEGER,  -- both NULL for a payload in a file of its own (before that)
     UNIQUE (source, route, key)
 );
@@ -128,7 +128,10 @@ CREATE TABLE IF NOT EXISTS schedules (
     created_us     INTEGER NOT NULL,
     last_fire_us   INTEGER,
     next_fire_us   INTEGER,
-    ref            TEXT  -- its runs' task in Cairn (schema 8)
+    ref            TEXT,  -- its runs' task in Cairn (schema 8)
+    report_to      TEXT,  -- where its findings go, e.g. slack:C0OPS (schema 10)
+    preflight_argv TEXT,  -- a heartbeat's preflight command, a JSON list (schema 10)
+    preflight_sha256 TEXT  -- the hash of the last fire's preflight output (schema 10)
 );
 CREATE TABLE IF NOT EXISTS chat_threads (
     thread_key   TEXT PRIMARY KEY,
@@ -139,6 +142,14 @@ CREATE TABLE IF NOT EXISTS chat_threads (
     last_answer  TEXT,
     codex_thread TEXT,
     updated_us   INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS report_posts (
+    platform   TEXT NOT NULL,
+    channel    TEXT NOT NULL,
+    message    TEXT NOT NULL,  -- the post's id (Slack ts): a reply's thread
+    run_id     TEXT NOT NULL,
+    posted_us  INTEGER NOT NULL,
+    PRIMARY KEY (platform, channel, message)
 );
 CREATE TABLE IF NOT EXISTS pollers (
     name          TEXT PRIMARY KEY,
@@ -177,6 +188,9 @@ CREATE TABLE IF NOT EXISTS plan_reservations (
 
 _ADDED_COLUMNS = (  # (table, column, type), oldest first
     ("schedules", "ref", "TEXT"),
+    ("schedules", "report_to", "TEXT"),
+    ("schedules", "preflight_argv", "TEXT"),
+    ("schedules", "preflight_sha256", "TEXT"),
     ("wakes", "payload_at", "INTEGER"),
     ("wakes", "payload_bytes", "INTEGER"),
 )
