@@ -44,6 +44,7 @@ __all__ = ["TraceExporter"]
 
 _FOLLOW_EVERY_S = 0.5  # how often the register is looked at for runs that finished
 _TROUBLE_WAIT_S = 30.0  # after an error of the exporter's own (its file, the register)
+_FOLLOW_MAX_BYTES = 8 << 20  # read of the register per look (a long downtime, in steps)
 
 
 @dataclass
@@ -172,7 +173,7 @@ class TraceExporter:
         start = cursor.offset if same_file and st.st_size > cursor.offset else 0
         with self._audit.path.open("rb") as f:
             f.seek(start)
-            data = f.read(st.st_size - start)
+            data = f.read(min(st.st_size - start, _FOLLOW_MAX_BYTES))
         complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits
         queued = {run.run_id for run in queue.runs}
         seq = cursor.seq

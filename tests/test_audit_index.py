@@ -101,8 +101,12 @@ def test_a_deleted_or_behind_index_is_rebuilt_or_caught_up(tmp_path: Path) -> No
         site.audit_path.with_name(name).unlink(missing_ok=True)
     log.append("run", "started", "ok", subject="pr:1", run_id=_RUNS[0])  # no index: skipped
     assert not _index(site).exists()
+    first = _bothy(site, "audit", "--run", _RUNS[0])
+    assert "bothy: indexing the register by run id (once" in first.stderr, first.stderr
     _every_run_equals_a_scan(site)
     assert _point(site) == (site.audit_path.stat().st_size, 12)
+    again = _bothy(site, "trace", _RUNS[0])
+    assert again.returncode == 0 and again.stderr == ""  # built once, kept since
 
     for catch_up_by_reading in (True, False):
         busy = sqlite3.connect(_index(site), isolation_level=None)

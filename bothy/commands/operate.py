@@ -57,9 +57,10 @@ def read_audit(args: argparse.Namespace) -> int:
     path = BothyHome.from_env().audit_path
     since = _since(args.since) if args.since else None
     if args.run_id is not None:
+        from bothy.commands.tracing import indexing
         from bothy.engine.auditindex import RunIndex
 
-        records = [record for record in RunIndex(path).records(args.run_id)
+        records = [record for record in RunIndex(path, on_rebuild=indexing).records(args.run_id)
                    if since is None or record.ts >= since]
     else:
         from bothy.engine.audit import AuditLog

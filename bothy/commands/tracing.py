@@ -13,9 +13,15 @@ import sys
 from bothy.errors import UsageError
 from bothy.exitcodes import ExitCode
 
-__all__ = ["cmd_trace"]
+__all__ = ["cmd_trace", "indexing"]
 
 _TIMEOUT_S = 10.0
+
+
+def indexing() -> None:
+    """Said before the register is indexed by run id from scratch (once; seconds when large)."""
+    print("bothy: indexing the register by run id (once; a large register takes a while)",
+          file=sys.stderr, flush=True)
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -28,7 +34,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if args.otlp is not None and not args.otlp.startswith(("http://", "https://")):
         raise UsageError(f"--otlp {args.otlp!r} is not an http(s) URL; give the full"
                          " address to POST to, e.g. http://collector:4318/v1/traces")
-    records = RunIndex(path).records(args.run_id)
+    records = RunIndex(path, on_rebuild=indexing).records(args.run_id)
     if not records:
         raise UsageError(f"no record of run {args.run_id!r} in the register ({path});"
                          " `bothy audit` lists the runs it holds")

@@ -31,8 +31,9 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -105,10 +106,15 @@ class _Unreadable(Exception):
 
 
 class RunIndex:
-    """The index by run id of the register at ``register`` (see the module's docstring)."""
+    """The index by run id of the register at ``register`` (see the module's docstring).
 
-    def __init__(self, register: Path) -> None:
+    ``on_rebuild`` is called before the index is built from the whole register (a command
+    says so: at a million records that takes seconds, once).
+    """
+
+    def __init__(self, register: Path, *, on_rebuild: Callable[[], None] | None = None) -> None:
         self.register = register
+        self._on_rebuild = on_rebuild
         self.path = register.with_name(register.name + ".index")
         self._lock_path = register.with_name(register.name + ".lock")
         self._writer: sqlite3.Connection | None = None
@@ -253,6 +259,8 @@ class RunIndex:
             raise FileNotFoundError(self.register)  # gone since: the scan says what there is
         st = os.stat(self.register)
         if point is None or not _describes(point, self.register, st, size):
+            if self._on_rebuild is not None:
+                self._on_rebuild()
             _rebuild(db, self.register, st, size)
         elif point.offset < size:
             with _immediate(db):
@@ -309,6 +317,7 @@ def _scan(path: Path, start: int, end: int | None, stop_after: int | None
     its last good seq), and the seq and hash of the last record read."""
     entries: list[_Entry] = []
     last: tuple[int, str] | None = None
+    segment = path.name
     with path.open("rb") as f:
         f.seek(start)
         offset = start
@@ -319,16 +328,36 @@ def _scan(path: Path, start: int, end: int | None, stop_after: int | None
                 break
             if offset + len(raw) > limit or not raw.endswith(b"\n"):
                 raise _Unreadable(f"{path}: a truncated line at byte {offset}")
-            parsed = parse_line(raw[:-1])
-            if isinstance(parsed, str):
-                raise _Unreadable(f"{path}: the line at byte {offset} {parsed}")
-            if stop_after is not None and parsed.seq > stop_after:
+            seq, key, digest = _where(raw, path, offset)
+            if stop_after is not None and seq > stop_after:
                 break
-            if (key := _key_of(parsed)) is not None:
-                entries.append(_Entry(key, parsed.seq, path.name, offset))
-            last = (parsed.seq, parsed.hash)
+            if key is not None:
+                entries.append(_Entry(key, seq, segment, offset))
+            last = (seq, digest)
             offset += len(raw)
     return entries, last
+
+
+# The canonical line's first fields, in their fixed order (bothy/engine/auditrecord.py): enough
+# to index most lines without decoding them. A line it does not fit is decoded in full, and a
+# wrong guess costs nothing: every record read through the index is checked.
+_HEAD = re.compile(rb'\{"seq":(\d+),"ts":"[^"\\]*","kind":"([^"\\]*)","event":"[^"\\]*",'
+                   rb'"outcome":"[^"\\]*","subject":(?:null|"[^"\\]*"),"run_id":(?:null|"([^"\\]*)"),')
+
+_TAIL = re.compile(rb',"hash":"[0-9a-f]{64}"\}\n')
+
+
+def _where(raw: bytes, path: Path, offset: int) -> tuple[int, str | None, str]:
+    """The seq, index key and hash of a whole line (with its newline)."""
+    head = _HEAD.match(raw)
+    if head is not None and _TAIL.fullmatch(raw, len(raw) - 76) is not None \
+            and (head[3] is not None or head[2] != b"wake"):
+        return (int(head[1]), head[3].decode("ascii") if head[3] is not None else None,
+                raw[-67:-3].decode("ascii"))
+    parsed = parse_line(raw[:-1])
+    if isinstance(parsed, str):
+        raise _Unreadable(f"{path}: the line at byte {offset} {parsed}")
+    return parsed.seq, _key_of(parsed), parsed.hash
 
 
 # -- reading one line ---------------------------------------------------------------------------
