@@ -154,7 +154,7 @@ class Daemon:
             if self._cfg.otel is not None:  # every finished run's trace, to an OTLP receiver
                 exporter = TraceExporter(
                     self._cfg.otel, audit=rt.audit, site=self._cfg.site, clock=rt.clock,
-                    queue_path=self._home.state_dir / "otel-queue.json", http=http,
+                    queue_path=self._home.otel_queue_path, http=http,
                     environ=os.environ)
                 group.create_task(exporter.run(exports_stop), name="otel")
             for name, spec in self._cfg.pollers.items():

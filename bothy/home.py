@@ -45,6 +45,11 @@ class BothyHome:
         return self.state_dir / "audit.jsonl"
 
     @property
+    def otel_queue_path(self) -> Path:
+        """The trace exporter's cursor and queue (bothy/traceexport.py)."""
+        return self.state_dir / "otel-queue.json"
+
+    @property
     def checklist_path(self) -> Path:
         return self.root / "checklist.md"
 

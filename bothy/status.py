@@ -25,6 +25,7 @@ from bothy.errors import StateCorruptError
 from bothy.home import BothyHome
 from bothy.money import format_usd
 
+_TRACES_SHOWN = 5  # runs whose trace waits, listed by name (the rest counted)
 
 @dataclass(frozen=True)
 class StatusView:
@@ -98,6 +99,9 @@ def _collect(home: BothyHome, view: StatusView, now: datetime) -> dict[str, Any]
                  "windows": []},
     }
     _serve(home, report, now)
+    waiting = _traces_waiting(home)
+    if waiting is not None:  # only on a site whose bothy serve exports traces (config otel)
+        report["traces_waiting"] = waiting
     if not home.db_path.exists():
         return report
     zone = ZoneInfo(view.timezone)
@@ -207,6 +211,19 @@ def _held_questions(db: sqlite3.Connection, zone: ZoneInfo, now_us: int) -> list
     return [{"run_id": row["run_id"], "subject": row["subject"], "kind": row["kind"],
              "tool": row["tool"], "question": row["text"],
              "held_until": minute_iso(row["deadline_us"], zone)} for row in rows]
+
+
+def _traces_waiting(home: BothyHome) -> list[dict[str, Any]] | None:
+    """The runs whose trace the exporter has not delivered yet, from its queue file (whose
+    format bothy/traceexport.py owns: ``runs`` of run_id, attempts, problem); None without one."""
+    try:
+        runs = json.loads(home.otel_queue_path.read_bytes())["runs"]
+        return [{"run_id": str(run["run_id"]), "attempts": int(run["attempts"]),
+                 "problem": str(run.get("problem") or "")} for run in runs]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return [{"run_id": "-", "attempts": 0, "problem": f"unreadable queue file: {exc}"}]
 
 
 def _rows(db: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[sqlite3.Row]:
@@ -369,6 +386,15 @@ def render_status(report: dict[str, Any]) -> str:
     lines.append(f"chat connections: {shown}")
     for name, entry in report["chat_connections"].items():
         lines.append("  " + connection_line(name, entry))
+    if "traces_waiting" in report:
+        waiting = report["traces_waiting"]
+        lines.append(f"traces waiting for the otel receiver: {len(waiting)}")
+        for run in waiting[:_TRACES_SHOWN]:
+            tried = (f"{run['attempts']} failed attempt(s), last: {run['problem']}"
+                     if run["attempts"] else "not tried yet")
+            lines.append(f"  {run['run_id']}  {tried}")
+        if len(waiting) > _TRACES_SHOWN:
+            lines.append(f"  … and {len(waiting) - _TRACES_SHOWN} more")
     return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@ what people and the model wrote left out unless `otel.include_content`; given up
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,10 @@ async def test_a_trace_waits_for_a_receiver_that_is_down_across_a_restart_then_a
             await until(lambda: _queued(site).get(run_id, 0) >= 2, "two failed attempts")
             assert await serving.stop() == 0
             assert _queued(site).get(run_id, 0) >= 2  # still queued after the stop
+            status = await shell.bothy("status")
+            assert "traces waiting for the otel receiver: 1" in status.stdout, status.stdout
+            assert re.search(rf"^  {run_id}  \d+ failed attempt\(s\), last: cannot reach"
+                             rf" http://127\.0\.0\.1:{port}/v1/traces", status.stdout, re.M)
 
             async with OtlpReceiver(port=port) as receiver:
                 serving = await start_serve(shell)
@@ -96,6 +101,7 @@ async def test_a_trace_waits_for_a_receiver_that_is_down_across_a_restart_then_a
     assert any(span["name"] == "command ran" for span in spans)
     assert MARKER not in json.dumps(document)
     assert records(site, "trace", "abandoned") == []
+    assert "traces waiting for the otel receiver: 0" in (await site.bothy("status")).stdout
 
 
 @pytest.mark.codex
@@ -106,8 +112,8 @@ async def test_content_is_exported_only_when_include_content_is_set(tmp_path: Pa
         site = serve_site(tmp_path, server, otel=_otel(receiver.port, include_content=True))
         async with Shell(site) as shell:
             serving, run_id = await _review_run(site, server, shell)
-            await until(lambda: len(receiver.received) == 1, "the trace delivered")
-            assert _queued(site) == {}
+            await until(lambda: _queued(site) == {} and len(receiver.received) == 1,
+                        "the trace delivered and taken off the queue")
             assert await serving.stop() == 0
     [document] = receiver.received
     assert {span["traceId"] for span in _spans(document)} == {trace_id(run_id)}
