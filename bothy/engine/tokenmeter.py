@@ -28,8 +28,9 @@ class TokenMeter:
     ) -> None:
         """Take one report for the running turn ``turn_id``.
 
-        ``answering`` says whether the turn's model output has begun: a report before it is
-        where the thread stands (a resumed thread's totals), used by no response of this run.
+        ``answering`` says whether the report is of the turn's own model output (it has
+        begun, and the report names this turn): a report that is not is where the thread
+        stands (a resumed thread's totals), used by no response of this run.
         Otherwise a turn begins where the one before it ended, and before the run's first
         report the thread stood at ``total - last``.
         """

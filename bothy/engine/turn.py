@@ -204,7 +204,11 @@ class TurnStream:
             return None
         # The run's own tokens, never the thread's totals (a resumed thread carries earlier
         # runs' tokens in them): they are what it costs and what its limits count.
-        turn.meter.report(turn.turn_id, total, last, answering=turn.turn_id in turn.answering)
+        # A report of another turn (Codex repeats a resumed thread's totals under its earlier
+        # turn's id) or before the output began is where the thread stands, not a response.
+        ours = params.get("turnId") in (None, turn.turn_id)
+        answering = ours and turn.turn_id in turn.answering
+        turn.meter.report(turn.turn_id, total, last, answering=answering)
         used = turn.meter.used
         turn.tokens = used.total_tokens
         turn.cost_micros = self._prices.cost_micros(turn.price, used)
