@@ -38,6 +38,7 @@ READS: dict[tuple[Kind, str], tuple[str, ...]] = {
         "item{type=mcpToolCall}.tool",
     ),
     ("notification", "thread/tokenUsage/updated"): (
+        "turnId",  # another turn's (a resumed thread's earlier one): not this run's response
         "tokenUsage.total.inputTokens", "tokenUsage.total.cachedInputTokens",
         "tokenUsage.total.outputTokens", "tokenUsage.total.reasoningOutputTokens",
         # The latest response's own: where the thread stood before the run's first report.

@@ -46,7 +46,8 @@ BUILTIN_PRICES: Mapping[str, Price] = {
 
 @dataclass(frozen=True)
 class TokenUsage:
-    """Cumulative token counts for a thread, as Codex reports them.
+    """Token counts, as Codex reports them: a thread's running totals, one response's, or
+    (by difference) what a turn or a run used.
 
     ``input_tokens`` includes ``cached_input_tokens``; ``output_tokens`` includes reasoning.
     """
@@ -60,9 +61,27 @@ class TokenUsage:
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
 
+    def __add__(self, other: TokenUsage) -> TokenUsage:
+        return TokenUsage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            cached_input_tokens=self.cached_input_tokens + other.cached_input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            reasoning_output_tokens=self.reasoning_output_tokens + other.reasoning_output_tokens,
+        )
+
+    def since(self, earlier: TokenUsage) -> TokenUsage:
+        """What was used between running totals ``earlier`` and these (never below zero)."""
+        return TokenUsage(
+            input_tokens=max(0, self.input_tokens - earlier.input_tokens),
+            cached_input_tokens=max(0, self.cached_input_tokens - earlier.cached_input_tokens),
+            output_tokens=max(0, self.output_tokens - earlier.output_tokens),
+            reasoning_output_tokens=max(
+                0, self.reasoning_output_tokens - earlier.reasoning_output_tokens),
+        )
+
     @classmethod
     def from_codex(cls, breakdown: Mapping[str, Any]) -> TokenUsage:
-        """Read a ``tokenUsage.total`` object from ``thread/tokenUsage/updated``."""
+        """Read a ``tokenUsage.total`` or ``.last`` object from ``thread/tokenUsage/updated``."""
 
         def count(key: str) -> int:
             value = breakdown.get(key, 0)

@@ -40,6 +40,7 @@ from bothy.engine.run import (
 )
 from bothy.engine.state import StateDB
 from bothy.engine.task_link import TaskClaims, TaskLink
+from bothy.engine.tokenmeter import TokenMeter
 from bothy.engine.toolbox import Asker, RunScope, Toolbox
 from bothy.engine.traceids import traceparent
 from bothy.engine.turn import LiveRun, Turn, TurnStream
@@ -96,7 +97,7 @@ class Supervisor:
         self._claims = TaskClaims(Cairn(cfg.cairn, cwd=cfg.workspace), db=db, audit=audit,
                                   clock=clock, site=cfg.site)
         self._threads: dict[str, str] = {}  # run id -> kept Codex thread id
-        self._usage: dict[str, dict[str, tuple[int, int]]] = {}  # run id -> its turns' tokens
+        self._meters: dict[str, TokenMeter] = {}  # run id -> its own tokens, turn by turn
         self._owner_start = process_start_time(os.getpid())
         # Set by the owner (a signal handler) to stop every run of this process gracefully.
         self.stopping = asyncio.Event()
@@ -347,7 +348,7 @@ class Supervisor:
                                  thread_id=thread.thread_id)
         turn = Turn(run_id, request.subject, thread.thread_id, turn_id, price,
                     admitted.reserved_micros)
-        self._usage[run_id] = turn.usage  # filled as Codex reports; recorded at the run's end
+        self._meters[run_id] = turn.meter  # filled as Codex reports; recorded at the run's end
         stream = TurnStream(live, budget=self.budget, prices=self._prices, pool=self.pool,
                             stopping=self.stopping, max_turns=self._cfg.limits.max_turns)
         async with stream.watched(run_id):
@@ -450,20 +451,21 @@ class Supervisor:
             details={"outcome": ended.outcome.value, "reason": ended.reason,
                      "cost_usd": format_usd(settlement.cost_micros, 6),
                      "final_chars": len(ended.text),
-                     **_tokens(self._usage.pop(run_id, {}))},
+                     **_tokens(self._meters.pop(run_id, None))},
         )
         return RunResult(run_id, ended.outcome, settlement.cost_micros, kept, ended.reason,
                          thread_id=self._threads.pop(run_id, None))
 
 
-def _tokens(usage: dict[str, tuple[int, int]]) -> dict[str, Any]:
-    """The run's tokens as Codex reported them, in all and per turn (none reported: nothing)."""
-    if not usage:
+def _tokens(meter: TokenMeter | None) -> dict[str, Any]:
+    """The run's own tokens, in all and per turn (none reported: nothing)."""
+    if meter is None or not meter.turns:
         return {}
-    return {"input_tokens": sum(used[0] for used in usage.values()),
-            "output_tokens": sum(used[1] for used in usage.values()),
-            "turns": [{"turn_id": turn_id, "input_tokens": used[0], "output_tokens": used[1]}
-                      for turn_id, used in usage.items()]}
+    used = meter.used
+    return {"input_tokens": used.input_tokens, "output_tokens": used.output_tokens,
+            "turns": [{"turn_id": turn_id, "input_tokens": turn.input_tokens,
+                       "output_tokens": turn.output_tokens}
+                      for turn_id, turn in meter.turns.items()]}
 
 
 def _truncate(text: str) -> str:

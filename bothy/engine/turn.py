@@ -21,6 +21,7 @@ from bothy.engine.pool import WorkerPool
 from bothy.engine.prices import PriceTable, TokenUsage
 from bothy.engine.rpc import ConnectionLost, Notification, ServerRequest
 from bothy.engine.run import Outcome, Progress, RunEnd, RunRequest
+from bothy.engine.tokenmeter import TokenMeter
 from bothy.engine.toolbox import Toolbox
 from bothy.engine.turncap import TurnCap
 from bothy.engine.worker import Worker
@@ -66,38 +67,8 @@ class Turn:
     cost_micros: int = 0
     error: str | None = None
     notes: list[str] = field(default_factory=list)
-    # Turn id -> (input, output) tokens of that turn alone (for the trace's gen_ai.usage.*).
-    usage: dict[str, tuple[int, int]] = field(default_factory=dict)
-    totals_at_start: dict[str, tuple[int, int]] = field(default_factory=dict)  # the thread's
-    totals_seen: tuple[int, int] | None = None  # the thread's totals last reported
+    meter: TokenMeter = field(default_factory=TokenMeter)  # the run's own tokens, per turn
     answering: set[str] = field(default_factory=set)  # turns whose model output has begun
-
-
-def _count_turn(turn: Turn, total: TokenUsage, last: TokenUsage | None) -> None:
-    """What this turn used: the thread's totals now, less what they were when it began.
-
-    Codex reports the thread's running totals (``total``, which a resumed thread carries over
-    from earlier runs) and the latest response's own (``last``). A report before the turn's
-    model output has begun is where the thread stands (Codex repeats a resumed thread's totals
-    at a turn's start). Otherwise a turn begins where the one before it ended, and before the
-    run's first report the thread stood at ``total - last``.
-    """
-    now = (total.input_tokens, total.output_tokens)
-    if turn.turn_id not in turn.answering:
-        turn.totals_at_start[turn.turn_id] = now
-        turn.totals_seen = now
-        return
-    if turn.turn_id not in turn.totals_at_start:
-        if turn.totals_seen is not None:
-            turn.totals_at_start[turn.turn_id] = turn.totals_seen
-        elif last is not None:
-            turn.totals_at_start[turn.turn_id] = (max(0, now[0] - last.input_tokens),
-                                          max(0, now[1] - last.output_tokens))
-        else:
-            turn.totals_at_start[turn.turn_id] = (0, 0)
-    before = turn.totals_at_start[turn.turn_id]
-    turn.usage[turn.turn_id] = (max(0, now[0] - before[0]), max(0, now[1] - before[1]))
-    turn.totals_seen = now
 
 
 class TurnStream:
@@ -226,19 +197,26 @@ class TurnStream:
         request = self._live.request
         reported = params.get("tokenUsage") or {}
         try:
-            usage = TokenUsage.from_codex(reported.get("total") or {})
+            total = TokenUsage.from_codex(reported.get("total") or {})
             last = TokenUsage.from_codex(reported["last"]) if reported.get("last") else None
         except ValueError as exc:
             turn.notes.append(f"ignored a malformed token usage report: {exc}")
             return None
-        _count_turn(turn, usage, last)
-        turn.tokens = usage.total_tokens
-        turn.cost_micros = self._prices.cost_micros(turn.price, usage)
+        # The run's own tokens, never the thread's totals (a resumed thread carries earlier
+        # runs' tokens in them): they are what it costs and what its limits count.
+        # A report of another turn (Codex repeats a resumed thread's totals under its earlier
+        # turn's id) or before the output began is where the thread stands, not a response.
+        ours = params.get("turnId") in (None, turn.turn_id)
+        answering = ours and turn.turn_id in turn.answering
+        turn.meter.report(turn.turn_id, total, last, answering=answering)
+        used = turn.meter.used
+        turn.tokens = used.total_tokens
+        turn.cost_micros = self._prices.cost_micros(turn.price, used)
         await self._budget.fill(turn.run_id, turn.cost_micros, turn.tokens)
         self._live.progress.usage(turn.tokens, turn.cost_micros)
-        if request.max_tokens is not None and usage.total_tokens > request.max_tokens:
+        if request.max_tokens is not None and turn.tokens > request.max_tokens:
             return _Stop(Outcome.TOKEN_LIMIT,
-                         f"used {usage.total_tokens} tokens, limit {request.max_tokens}")
+                         f"used {turn.tokens} tokens, limit {request.max_tokens}")
         if self._budget.reserves_dollars and turn.cost_micros >= turn.reserved_micros:
             return _Stop(
                 Outcome.BUDGET_LIMIT,
