@@ -296,9 +296,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         from bothy.commands.install import cmd_funnel, cmd_install
 
         return cmd_install(args) if args.command == "install" else cmd_funnel(args)
+    from bothy import commands
+
+    if args.command == "trace" or (args.command == "audit" and args.action is None):
+        # Reads of the register, with no event loop: a run's records come through the index.
+        return int(commands.cmd_trace(args) if args.command == "trace"
+                   else commands.read_audit(args))
     import asyncio
 
-    from bothy import commands
 
     handler = {
         "run": commands.cmd_run,
@@ -311,7 +316,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         "serve": commands.cmd_daemon,
         "schedule": commands.cmd_schedule,
         "sop": commands.cmd_sop,
-        "trace": commands.cmd_trace,
         "memory": commands.cmd_memory,
     }[args.command]
     try:

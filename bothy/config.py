@@ -388,6 +388,10 @@ class WebhookJob(WakeJob):
     author_associations: list[str] = Field(default_factory=list)  # empty = anyone
 
 
+# Where the status pages live on the tailnet door (bothy.web); no webhook route may be there.
+PAGES_PREFIX = "/bothy/"
+
+
 class WebhookRoute(_Section):
     """A signed route: GitHub's X-Hub-Signature-256, or a generic HMAC-SHA256 header."""
 
@@ -400,6 +404,23 @@ class WebhookRoute(_Section):
     delivery_header: str = "X-Delivery-Id"  # hmac routes: the dedupe key
     event_header: str = "X-Event"  # hmac routes
     jobs: list[WebhookJob] = Field(default_factory=list)
+
+    @field_validator("path")
+    @classmethod
+    def _clear_of_the_pages(cls, value: str) -> str:
+        if value == PAGES_PREFIX.rstrip("/") or value.startswith(PAGES_PREFIX):
+            raise ValueError(f"{value!r} is under {PAGES_PREFIX}, where bothy serve's status"
+                             " pages live: choose another path, e.g. /hooks/github")
+        return value
+
+
+class WebConfig(_Section):
+    """The status pages on the tailnet door (``/bothy/``): read-only, never on the public one."""
+
+    enabled: bool = True
+    # The variable holding the optional access token; unset or empty: no token is asked.
+    token_env: str = Field(default="BOTHY_WEB_TOKEN", pattern=_ENV_NAME.pattern)
+    refresh_s: int = Field(default=15, ge=2, le=3600)  # the pages reload themselves this often
 
 
 # RFC 9110 §5.1: a field name is a token.
@@ -554,6 +575,48 @@ class ChatConfig(_Section):
     alert_timeout_s: float = Field(default=10.0, gt=0, le=120)  # a command's one-shot alert post
 
 
+class OtelConfig(_Section):
+    """Where ``bothy serve`` sends every finished run's trace (OTLP/HTTP, JSON), and how hard
+    it tries (bothy/traceexport.py)."""
+
+    endpoint: str  # the full address to POST to, e.g. http://collector:4318/v1/traces
+    headers_env: dict[str, str] = Field(default_factory=dict)  # header name -> env var name
+    include_content: bool = False  # questions, commands, reasons: held back unless true
+    timeout_s: float = Field(default=10.0, gt=0, le=60)
+    max_attempts: int = Field(default=20, ge=1, le=1000)
+    retry_first_s: float = Field(default=5.0, gt=0, le=3600)
+    retry_max_s: float = Field(default=600.0, gt=0, le=86400)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        scheme, _, rest = value.partition("://")
+        host = rest.split("/", 1)[0].rsplit("@", 1)[-1]
+        if scheme.lower() not in ("http", "https") or not host:
+            raise ValueError("expected the http:// or https:// address to POST traces to,"
+                             " e.g. http://collector:4318/v1/traces")
+        return value
+
+    @field_validator("headers_env")
+    @classmethod
+    def _header_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for header, env in value.items():
+            if not _HEADER_NAME.match(header):
+                raise ValueError(f"{header!r} is not an HTTP header name")
+            if header.lower() == "content-type":
+                raise ValueError("Content-Type is application/json: the exporter sets it")
+            if not _ENV_NAME.match(env):
+                raise ValueError(f"{env!r} is not an environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _retries_in_order(self) -> OtelConfig:
+        if self.retry_max_s < self.retry_first_s:
+            raise ValueError(f"retry_max_s ({self.retry_max_s}) is shorter than"
+                             f" retry_first_s ({self.retry_first_s})")
+        return self
+
+
 class Config(_Section):
     """The whole configuration of one Bothy site."""
 
@@ -571,6 +634,8 @@ class Config(_Section):
     wakes: WakesConfig = Field(default_factory=WakesConfig)
     chat: ChatConfig = Field(default_factory=ChatConfig)
     secrets_file: Path | None = None  # 0600 NAME=value file read when a variable is not set
+    otel: OtelConfig | None = None  # off unless set: bothy serve exports nothing
+    web: WebConfig = Field(default_factory=WebConfig)
 
     @field_validator("site")
     @classmethod

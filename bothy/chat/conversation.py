@@ -13,7 +13,8 @@ Every decision about a conversation's runs is made here, and nowhere else:
 - asking: a run's questions are posted in the thread, and so is a question's expiry (a new
   message); the answer waits for those posts;
 - delivering: the answer (never ``NO_REPLY``), or the outcome and why; a refusal is told in
-  the thread, not retried; a run a crash cut short is announced there.
+  the thread, not retried; a run a crash cut short is announced there; a run a stop came
+  before is not cancelled in the thread: it is said to run when Bothy starts again.
 
 The router (``chat/router.py``) hands people's messages in; the dispatcher hands each chat
 wake to :class:`Conversations`, its handler for the ``chat`` source, which takes it from the
@@ -45,6 +46,8 @@ _ASKING = "Reply in this thread."
 _NOT_WAITING = "This run cannot wait for an answer: it goes on without one."
 _INTERRUPTED = ("Bothy was restarted while it worked on this, and the run was stopped before"
                 " it finished. Mention me again to retry.")
+_RUNS_AFTER = ("Bothy is stopping, so this has not started yet: it will run when Bothy starts"
+               " again.")
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,11 @@ class Conversations:
         )
         await self._remember(message, thread.id, start.run_id)
         result = await self._run(start, request, thread)
+        if await start.stopped_before_start():
+            # Queued again (the dispatcher's rule): its answer comes after the restart, so the
+            # thread hears that, not a cancellation.
+            await thread.post(_RUNS_AFTER, run_id=result.run_id)
+            return result
         await self._deliver(message, thread, result)
         return result
 

@@ -79,7 +79,11 @@ class ChatRouter:
         adapters = self._conversations.adapters
         for platform, section in (("slack", self._cfg.slack), ("discord", self._cfg.discord)):
             if section is not None and section.alert_channel and platform in adapters:
-                await adapters[platform].post_alert(section.alert_channel, alert.text())
+                thread = alert.thread
+                link = None
+                if thread is not None and thread.platform in adapters:
+                    link = await adapters[thread.platform].link(thread.channel, thread.thread)
+                await adapters[platform].post_alert(section.alert_channel, alert.text(link))
                 return f"{platform}:{section.alert_channel}"
         raise ChatError("no connected platform has an alert channel", platform="-")
 

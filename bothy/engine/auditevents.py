@@ -62,6 +62,9 @@ EVENTS = EventTable({
     "question": ("answered", "timed_out", "stopped", "declined"),  # asked: `run question`
     "answer": ("received", "ignored", "late"),
     "mcp": ("failed",),
+    # A run's trace sent to an OTLP receiver by `bothy serve` (config `otel`): given up; or
+    # the exporter itself stuck (its queue file, the register), once per streak.
+    "trace": ("abandoned", "stalled"),
     # The register itself: a broken one set aside by `bothy audit repair`; the head that
     # `bothy serve` publishes daily.
     "audit": ("repaired", "head"),

@@ -99,6 +99,13 @@ class WakeStart:
         await self._inbox.set_run(self._wake_id, self.run_id)
         return await self._supervisor.execute(request, asker=asker, admitted=self._admitted)
 
+    async def stopped_before_start(self) -> bool:
+        """Whether Bothy is stopping and this attempt's run never reached a worker: nothing
+        ran, so the dispatcher queues the wake again and it runs after the restart (a handler
+        whose wake someone waits for tells them that, not the run's cancellation)."""
+        return (self._supervisor.stopping.is_set()
+                and not await self._supervisor.pool.reached_worker(self.run_id))
+
 
 class WakeHandler(Protocol):
     """Turns the wakes of one source into runs: the dispatcher holds one per source."""
