@@ -408,6 +408,47 @@ async def check_chat_connections(scene: Scene) -> Finding:
     return (warn if troubled else ok)(detail)
 
 
+async def check_report_channels(scene: Scene) -> Finding:
+    """Where unattended runs report: every ``report_to`` of a job, a poller or a schedule names
+    a configured platform (a schedule's was checked when it was added; the config may have
+    changed since), else its findings reach nobody."""
+    if missing := scene.needs_config():
+        return missing
+    assert scene.cfg is not None
+    from bothy.config import report_to_problem
+
+    cfg = scene.cfg
+    named = [(f"webhooks.{name}.jobs.{index}", job.report_to)
+             for name, route in cfg.webhooks.items() for index, job in enumerate(route.jobs)]
+    named += [(f"pollers.{name}.job", poller.job.report_to)
+              for name, poller in cfg.pollers.items()]
+    named += await asyncio.to_thread(_schedule_reports, scene.home)
+    targets = [(where, target) for where, target in named if target is not None]
+    problems = [f"{where}: {problem}" for where, target in targets
+                if (problem := report_to_problem(target, cfg.chat))]
+    if problems:
+        return warn("; ".join(problems) + " — its findings reach nobody (bothy schedule rm and"
+                    " add it again, or configure the platform)")
+    if not targets:
+        return ok("none named: findings go to the alert channel")
+    return ok(", ".join(sorted({target for _, target in targets}))
+              + " (whether the bot may post there is seen at the first post)")
+
+
+def _schedule_reports(home: BothyHome) -> list[tuple[str, str | None]]:
+    """Each schedule's ``report_to``, read-only (none before the state database exists)."""
+    if not home.db_path.exists():
+        return []
+    db = sqlite3.connect(f"file:{home.db_path}?mode=ro", uri=True, timeout=5)
+    try:
+        rows = db.execute("SELECT name, report_to FROM schedules ORDER BY name").fetchall()
+    except sqlite3.OperationalError:  # a database from before report_to: nothing named
+        return []
+    finally:
+        db.close()
+    return [(f"schedule {name}", target) for name, target in rows]
+
+
 MORE_CHECKS: tuple[tuple[str, CheckFn], ...] = (
     ("config valid", check_config),
     ("config private", check_config_private),
@@ -416,4 +457,5 @@ MORE_CHECKS: tuple[tuple[str, CheckFn], ...] = (
     ("prices", check_prices),
     ("budget mode", check_budget_mode),
     ("chat connections", check_chat_connections),
+    ("report channels", check_report_channels),
 )

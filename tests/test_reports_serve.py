@@ -387,3 +387,21 @@ async def test_a_report_to_that_cannot_receive_reports_stops_serve_with_exit_78(
     assert done.code == 78, done
     assert key in done.stderr and message in done.stderr, done.stderr
     assert slack.calls == []
+
+
+async def test_doctor_warns_of_a_schedule_reporting_to_a_platform_no_longer_configured(
+    tmp_path: Path, server: ModelServer, slack: FakeSlack
+) -> None:
+    """A schedule added with --report-to slack:C0OPS, then Slack taken out of the config:
+    `bothy doctor` warns that its findings reach nobody; with Slack back, it names the channel."""
+    site = _site(tmp_path, server, slack)
+    await _schedule(site, "hb", "--heartbeat", "--report-to", f"slack:{OPS}")
+    healthy = await site.bothy("doctor")
+    [line] = [ln for ln in healthy.stdout.splitlines() if "report channels" in ln]
+    assert line.startswith("[ok") and f"slack:{OPS}" in line, line
+    site.write_config({k: v for k, v in site.config.items() if k != "chat"})
+    broken = await site.bothy("doctor")
+    [line] = [ln for ln in broken.stdout.splitlines() if "report channels" in ln]
+    assert line.startswith("[warn]"), line
+    assert (f"schedule hb: 'slack:{OPS}' names slack, but chat.slack is not configured — its"
+            " findings reach nobody") in line
