@@ -303,6 +303,28 @@ async def test_a_report_slack_keeps_refusing_is_retried_then_undelivered_the_run
         db.close()
 
 
+async def test_a_channel_the_bot_cannot_post_in_is_not_retried_and_alerts_the_alert_channel(
+    tmp_path: Path, server: ModelServer, slack: FakeSlack
+) -> None:
+    """Slack refusing the report for good (channel_not_found): one try, `report undelivered`
+    naming Slack's answer, and an alert in the alert channel saying the finding was lost."""
+    server.script(text("The certificate expires in 3 days."))
+    site = _site(tmp_path, server, slack, job={"report_to": f"slack:{OPS}"})
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        slack.fail_method("chat.postMessage", error="channel_not_found", count=1)
+        await queued(serving, github.pull_request_opened(42))
+        await until(lambda: bool(records(site, "alert", "sent")), "the alert")
+        assert await serving.stop() == 0
+    [undelivered] = records(site, "report", "undelivered", "failed")
+    assert "channel_not_found" in str(undelivered.details["reason"])
+    assert "tries" not in str(undelivered.details["reason"])  # refused for good: not retried
+    assert [c.args.get("channel") for c in slack.calls_to("chat.postMessage")] == [OPS, ALERTS]
+    [alert] = _posts_in(slack, ALERTS)
+    assert "the run's answer could not be posted" in alert.text
+    assert "channel_not_found" in alert.text
+
+
 # --- the preflight ------------------------------------------------------------------------------
 
 
