@@ -294,7 +294,9 @@ class DiscordAdapter:
         client, self._client = self._client, None
         if client is not None:
             try:
-                await client.close()
+                # A peer that never answers the close handshake must not hold the stop.
+                async with asyncio.timeout(self._stop_grace_s):
+                    await client.close()
             except Exception:  # closing is best effort; nothing is left to report it to
                 _log.warning("Discord: closing the client failed", exc_info=True)
         connection = self._connection
@@ -334,13 +336,15 @@ class DiscordAdapter:
         Raises ChatAuthError for a refused token, ChatUnavailable when neither works."""
         if self._state != "ready":
             raise RuntimeError(f"DiscordAdapter.reconnect() called when {self._state}")
-        half_s = within_s / 2
-        if await self._resume(half_s):
-            _log.info("Discord: reconnected and resumed")
-            return
-        await self._close_client()
+        rest_s = within_s
+        if self._client is not None and self._client.ws is not None:
+            if await self._resume(within_s / 2):
+                _log.info("Discord: reconnected and resumed")
+                return
+            rest_s = within_s / 2
         try:
-            async with asyncio.timeout(within_s - half_s):
+            async with asyncio.timeout(rest_s):
+                await self._close_client()
                 await self._connect()
         except BaseException as exc:
             await self._close_client()
@@ -352,10 +356,8 @@ class DiscordAdapter:
 
     async def _resume(self, within_s: float) -> bool:
         """Close the gateway socket with 4000 and wait for RESUMED (or READY)."""
-        client = self._client
-        socket = None if client is None else client.ws
-        if socket is None:
-            return False
+        assert self._client is not None
+        socket = self._client.ws
         self._back.clear()
         try:
             async with asyncio.timeout(within_s):
