@@ -16,7 +16,7 @@ import pytest
 from tests.fakes.model_server import ModelServer, stall, text, tool_call
 from tests.fakes.shell import Shell, audit_records, until
 from tests.fakes.site import Site
-from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
+from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, PERMALINK_BASE, FakeSlack
 from tests.test_serve import free_port, start_serve
 
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(90)]
@@ -131,3 +131,27 @@ async def test_request_user_input_shows_numbered_options_and_takes_a_number(
         _outputs(server)
     (answered,) = audit_records(site, lambda r: (r.kind, r.event) == ("question", "answered"))
     assert (answered.details["kind"], answered.details["answer"]) == ("input", "2")
+
+
+async def test_an_alert_a_chat_run_raises_links_to_its_thread(
+    tmp_path: Path, server: ModelServer, slack: FakeSlack
+) -> None:
+    """A chat run's tool that needs a person nobody set up alerts the alert channel, naming
+    the site, the wake (the thread's lane) and the run, with the thread's permalink."""
+    server.script(tool_call("bothy_checklist", {"action": "read"}), text("Could not."))
+    site = _site(tmp_path, server, slack, hold_s=30, ask=["bothy_checklist"], approvals={})
+    site.config["chat"]["slack"]["alert_channel"] = "CALERTS"
+    site.write_config(site.config)
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        ts = slack.send_mention(OPERATOR, CHANNEL, "read the checklist")
+        await until(lambda: "Could not." in _posts_in(slack, ts), "the answer")
+        await until(lambda: any(p.channel == "CALERTS" for p in slack.posts), "the alert")
+        assert await serving.stop() == 0
+    (finished,) = audit_records(site, lambda r: (r.kind, r.event) == ("run", "finished"))
+    (alert,) = [p.text for p in slack.posts if p.channel == "CALERTS"]
+    assert alert == (
+        "! *WARNING* `test-site` — bothy_checklist: 'bothy_checklist' is in ask but has no"
+        " approvals rule: refused, alert raised\n"
+        f"wake `slack:{ts}` · run `{finished.run_id}` ·"
+        f" <{PERMALINK_BASE}/archives/{CHANNEL}/p{ts.replace('.', '')}|the thread>")

@@ -31,6 +31,7 @@ from typing import Any
 from bothy.chat.base import ChatAdapter, ChatMessage
 from bothy.clock import Clock, to_us
 from bothy.config import Config
+from bothy.engine.alerts import AlertThread
 from bothy.engine.audit import AuditLog
 from bothy.engine.questions import APPROVAL_HINT
 from bothy.engine.run import NO_REPLY, RunRequest, RunResult
@@ -98,6 +99,15 @@ class Conversations:
         if row is None:
             return None
         return ThreadState(str(row["last_run_id"]), str(row["last_answer"] or ""))
+
+    async def thread_of_run(self, run_id: str) -> AlertThread | None:
+        """The thread a chat run belongs to (for an alert the run raised), if it is one."""
+        row = await self._db.fetch_one(
+            "SELECT platform, channel, thread FROM chat_threads WHERE last_run_id = ?",
+            (run_id,))
+        if row is None:
+            return None
+        return AlertThread(str(row["platform"]), str(row["channel"]), str(row["thread"]))
 
     # -- the dispatcher's side: a chat wake becomes a run -------------------------------------
 

@@ -80,6 +80,8 @@ class ChatRouter:
         for platform, section in (("slack", self._cfg.slack), ("discord", self._cfg.discord)):
             if section is not None and section.alert_channel and platform in adapters:
                 thread = alert.thread
+                if thread is None and alert.run_id is not None:  # a chat run's own alert
+                    thread = await self._conversations.thread_of_run(alert.run_id)
                 link = None
                 if thread is not None and thread.platform in adapters:
                     link = await adapters[thread.platform].link(thread.channel, thread.thread)
