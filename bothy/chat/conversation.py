@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from bothy.chat.base import ChatAdapter, ChatMessage
+from bothy.chat.buttons import Buttons
 from bothy.clock import Clock, to_us
 from bothy.config import Config
 from bothy.engine.audit import AuditLog
@@ -39,7 +40,6 @@ from bothy.wakes.jobs import Ignored
 
 SOURCE = "chat"
 SEEN = "eyes"
-_ASKING = "Reply in this thread (yes or no for an approval)."
 _INTERRUPTED = ("Bothy was restarted while it worked on this, and the run was stopped before"
                 " it finished. Mention me again to retry.")
 
@@ -72,6 +72,7 @@ class Conversations:
         self._db = db
         self._audit = audit
         self._clock = clock
+        self.buttons = Buttons(db=db, audit=audit, clock=clock)  # its approval questions
 
     # -- the inbox's side: a message becomes a durable wake -----------------------------------
 
@@ -256,9 +257,11 @@ class _ThreadQuestions:
         self._posts: set[asyncio.Task[None]] = set()
 
     def question(self, run_id: str, text: str) -> None:
-        task = asyncio.create_task(self._conversations.post(
-            self._message.platform, self._message.channel, self._thread,
-            f"? {text}\n{_ASKING}", run_id=run_id,
+        """Ask in the thread: an approval with buttons, followed until it is settled."""
+        platform, channel = self._message.platform, self._message.channel
+        task = asyncio.create_task(self._conversations.buttons.ask(
+            self._conversations.adapters[platform], channel, self._thread, run_id, text,
+            subject=thread_key(platform, channel, self._thread),
         ))
         self._posts.add(task)
         task.add_done_callback(self._posts.discard)

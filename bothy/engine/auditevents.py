@@ -75,6 +75,8 @@ EVENTS = EventTable({
     # Chat platforms and conversations.
     "chat": ("refused", "react-failed", "thread-failed", "post-failed", "lost"),
     "thread": ("resume-failed",),
+    # Approval buttons (chat/buttons.py): presses that did not count, and message updates.
+    "button": ("forged", "refused", "stale", "repeated", "stopped", "update-failed"),
     # A profile's memory: loaded into a run, used by its tools, pruned, restored by hand.
     "memory": ("loaded", "written", "refused", "read", "applied", "pruned", "left-out",
                "restored"),
