@@ -130,12 +130,16 @@ class Buttons:
                                      run_id=run_id, details={"reason": str(exc)})
 
     async def _settled(self, question_id: int) -> Question:
-        """The question once it no longer waits (the run's own wait decides when)."""
+        """The question once it no longer waits (the run's own wait decides when), or once
+        its run is over, whatever the row says (nothing waits for it any more)."""
         while True:
             question = await self.board.question(question_id)
             if question is None:
                 raise RuntimeError(f"question {question_id} vanished from the board")
             if question.status != "pending":
+                return question
+            run = await self._db.run(question.run_id)
+            if run is None or run.status == "finished":
                 return question
             await asyncio.sleep(_FOLLOW_S)
 

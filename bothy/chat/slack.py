@@ -301,11 +301,13 @@ class SlackAdapter:
 
     async def _tell(self, press: Press, text: str) -> None:
         """Tell the presser something only they see (chat.postEphemeral), best effort."""
+        if self._state != "ready" or self._web is None:
+            return  # stopping: the press itself is recorded; only the notice is lost
         try:
             await self._call(
                 f"tell {press.user} in {press.channel} (chat.postEphemeral)",
-                self._ready().chat_postEphemeral(channel=press.channel, user=press.user,
-                                                 text=text, thread_ts=press.thread))
+                self._web.chat_postEphemeral(channel=press.channel, user=press.user,
+                                             text=text, thread_ts=press.thread))
         except ChatError as exc:  # the press itself is recorded; only the notice is lost
             _log.warning("slack: %s", exc)
 
