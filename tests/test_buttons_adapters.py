@@ -140,13 +140,13 @@ async def test_slack_buttons_carry_the_value_and_a_foreign_press_is_marked_forge
         other = slack.press_button("U9", ts, "someone_elses_button", value="x")
         await slack.wait_for_ack(forged)
         await slack.wait_for_ack(other)
-        await adapter.settle_question("C1", "1700000000.000001", ts, "? May I?\nApproved.")
+        await adapter.settle_question("C1", "1700000000.000001", ts, "? May I?", "Approved.")
     finally:
         await adapter.stop()
     [press] = presses.calls
     assert press.forged is not None and "TOTHER01" in press.forged
     assert post.text == "? May I?\nApproved."
-    assert [b["type"] for b in post.blocks or []] == ["section"]
+    assert [b["type"] for b in post.blocks or []] == ["section", "section"]
 
 
 # ---------------------------------------------------------------- Discord
@@ -209,7 +209,7 @@ async def test_a_discord_press_whose_recording_failed_is_left_unanswered(
         presses.notice = "Only listed people may answer."
         told = await fake.press_button(ALICE_ID, message_id)
         await fake.wait_for(lambda: fake.callbacks_of(told), "the notice")
-        await adapter.settle_question(CHANNEL_ID, "", message_id, "? May I?\nDeclined.")
+        await adapter.settle_question(CHANNEL_ID, "", message_id, "? May I?", "Declined.")
     finally:
         await adapter.stop()
     assert fake.callbacks_of(failed) == []

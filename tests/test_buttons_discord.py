@@ -204,3 +204,27 @@ async def test_forged_presses_are_ignored_and_an_expired_question_says_so(
     assert re.search(rf"\nExpired at {WHEN}: nobody answered in time", edited["content"])
     assert edited["components"] == []
     assert not (site.home / "checklist.md").exists()
+
+
+async def test_a_plain_deny_in_the_thread_declines_beside_the_buttons(
+    tmp_path: Path, server: ModelServer, discord: FakeDiscord
+) -> None:
+    """Replies keep working beside the buttons: the word ``deny`` (no leading ``/``) declines,
+    and the button message is edited to say who declined and when."""
+    _script_checklist(server, "Left it alone.")
+    site = _site(tmp_path, server)
+    async with serving(site, discord) as daemon:
+        thread = await discord.send_mention(OPERATOR, CHANNEL_ID, "add a disk checklist item")
+        question = await _question(discord, thread)
+        await discord.send_message(OPERATOR, thread, "deny")
+        await discord.wait_for(lambda: "Left it alone." in [p.content for p in discord.posts_in(
+            thread)], "the answer after the refusal", timeout_s=DEADLINE_S)
+        assert await daemon.stop() == 0
+
+    [refused] = _events(site, "tool", "refused")
+    assert refused.details["code"] == "declined_by_person"
+    edited = discord.message(question.message_id)
+    assert re.search(rf"\nDeclined by <@{OPERATOR}> at {WHEN}\.$", edited["content"])
+    assert edited["components"] == []
+    assert discord.callbacks == []
+    assert not (site.home / "checklist.md").exists()

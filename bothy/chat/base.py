@@ -109,10 +109,11 @@ class ChatAdapter(Protocol):
         ``value``; returns the message's id."""
 
     async def settle_question(
-        self, channel: str, thread: str, message_id: str, text: str
+        self, channel: str, thread: str, message_id: str, text: str, verdict: str
     ) -> None:
         """Replace a question's message (posted by :meth:`post_question` in that channel and
-        thread) with ``text`` and no buttons: it is decided."""
+        thread) with ``text`` and, on a line of its own, ``verdict`` — Bothy's own words,
+        whose ``<@id>`` mentions the decider — and no buttons: it is decided."""
 
 
 def split_text(text: str, limit: int) -> list[str]:

@@ -147,9 +147,10 @@ class Buttons:
         self, adapter: ChatAdapter, channel: str, thread: str, message_id: str,
         question: Question, *, subject: str,
     ) -> None:
-        text = f"? {question.text}\n{self.verdict_line(question, adapter.platform)}"
+        verdict = self.verdict_line(question, adapter.platform)
         try:
-            await adapter.settle_question(channel, thread, message_id, text)
+            await adapter.settle_question(channel, thread, message_id, f"? {question.text}",
+                                          verdict)
         except ChatError as exc:
             await self._audit.record("button", "update-failed", "failed", subject=subject,
                                      run_id=question.run_id,

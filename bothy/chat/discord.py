@@ -461,9 +461,11 @@ class DiscordAdapter:
         return str(message.id)
 
     async def settle_question(
-        self, channel: str, thread: str, message_id: str, text: str
+        self, channel: str, thread: str, message_id: str, text: str, verdict: str
     ) -> None:
-        """Replace the question ``message_id`` with ``text`` and no buttons (an edit)."""
+        """Replace the question ``message_id`` with ``text`` and ``verdict`` and no buttons
+        (an edit; the verdict's mention pings nobody)."""
+        text = f"{split_text(text, DISCORD_MAX_CHARS - len(verdict) - 1)[0]}\n{verdict}"
         client = self._connected()
         target = thread or channel
         partial = client.get_partial_messageable(_snowflake(target, "thread")).get_partial_message(

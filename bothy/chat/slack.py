@@ -430,13 +430,14 @@ class SlackAdapter:
         return _field(response, "ts", "chat.postMessage")
 
     async def settle_question(
-        self, channel: str, thread: str, message_id: str, text: str
+        self, channel: str, thread: str, message_id: str, text: str, verdict: str
     ) -> None:
-        """Replace the question ``message_id`` with ``text`` and no buttons (chat.update)."""
+        """Replace the question ``message_id`` with ``text`` and ``verdict`` and no buttons
+        (chat.update)."""
         await self._call(
             f"update the question {message_id} in {channel}",
-            self._ready().chat_update(channel=channel, ts=message_id, text=text,
-                                      blocks=settled_blocks(text)),
+            self._ready().chat_update(channel=channel, ts=message_id, text=f"{text}\n{verdict}",
+                                      blocks=settled_blocks(text, verdict)),
         )
 
     def _ready(self) -> AsyncWebClient:

@@ -40,9 +40,9 @@ def question_blocks(text: str, value: str) -> list[dict[str, Any]]:
     ]
 
 
-def settled_blocks(text: str) -> list[dict[str, Any]]:
+def settled_blocks(text: str, verdict: str) -> list[dict[str, Any]]:
     """The question once decided: its text and the verdict, no buttons."""
-    return [_section(text)]
+    return [_section(text), _section(verdict)]
 
 
 def press_of(body: Mapping[str, Any], *, team_id: str, app_id: str | None) -> Press:
