@@ -259,8 +259,8 @@ async def test_a_press_while_the_run_is_stopped_declines_the_question_as_a_stop_
         await until(lambda: bool(_events(site, "run", "finished")), "the run's end")
         assert await serving.stop() == 0
 
-    assert "being stopped" in slack.ephemerals[0].text
-    assert re.search(rf"\nDeclined at {WHEN}: the run was stopped", question.text)
+    assert "The run was stopped" in slack.ephemerals[0].text
+    assert re.search(r"\nDeclined: the run was stopped", question.text)
     assert _events(site, "answer", "received") == []
     assert len(_events(site, "button", "stopped")) == 1
     assert [r.details["code"] for r in _events(site, "tool", "refused")] == ["stopped"]
@@ -271,3 +271,39 @@ def _value_of(post: Post) -> str:
     return next(e["value"] for b in post.blocks or [] if b["type"] == "actions"
                 for e in b["elements"])
 
+
+
+async def test_buttons_left_by_a_stopped_serve_are_replaced_when_pressed_after_a_restart(
+    tmp_path: Path, server: ModelServer, slack: FakeSlack
+) -> None:
+    """`bothy serve` stops while a question waits: its Slack connection closes first, so the
+    message keeps its buttons (`button update-failed`). After a restart a press on it is told
+    the question was declined when the run was stopped, and the message is replaced."""
+    server.script(tool_call("bothy_checklist", {"action": "add", "item": "Watch the disk."}),
+                  text("Stopped."))
+    site = _site(tmp_path, server, slack)
+    site.config["wakes"] = {"shutdown_grace_s": 1.0}
+    site.write_config(site.config)
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        ts = slack.send_mention(OPERATOR, CHANNEL, "add a checklist item about the disk")
+        question = await _question(site, slack, ts)
+        value = _value_of(question)
+        assert await serving.stop() == 0
+        assert _buttons_of(question) == [APPROVE, DECLINE]  # nobody could update it
+
+        restarted = await start_serve(shell)
+        press = slack.press_button(OPERATOR, question.ts, APPROVE, value=value)
+        await slack.wait_for_ack(press)
+        await until(lambda: bool(slack.ephemerals), "the presser told")
+        await until(lambda: _buttons_of(question) == [], "the message replaced")
+        assert await restarted.stop() == 0
+
+    failed = _events(site, "button", "update-failed")
+    assert len(failed) == 1 and "not connected" in failed[0].details["reason"]
+    assert "The run was stopped" in slack.ephemerals[0].text
+    assert re.search(r"\nDeclined: the run was stopped", question.text)
+    assert [r.details["reason"] for r in _events(site, "question", "stopped")] == [
+        "bothy is stopping"]
+    assert _events(site, "answer", "received") == []
+    assert not (site.home / "checklist.md").exists()

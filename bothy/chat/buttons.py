@@ -20,6 +20,8 @@ draw the buttons and carry presses in and answers out):
 - the message's end: once its question is settled — by a button, a reply in the thread,
   ``bothy answer``, its deadline or a stop — the message is replaced by the question and
   who decided and when, or that it expired, without buttons (:meth:`Buttons.ask` follows it).
+  A message that kept its buttons (the update failed, or `bothy serve` stopped first: its
+  chat connections close before its runs are stopped) is replaced when somebody presses it.
   The new thread message that says a question expired is not this module's.
 
 Replies keep working beside the buttons: plain words (``yes``, ``approve``, ``no``,
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -54,7 +57,7 @@ _STRANGER = ("Only the people this site's operator listed can answer this questi
 _UNKNOWN = "That button is not one of this site's questions, so it changed nothing."
 _GONE = "This question no longer exists here, so your press changed nothing."
 _OTHER_RUN = "That button belongs to another run's question, so your press changed nothing."
-_STOPPING = ("The run is being stopped, so this question was declined, as on any stop. "
+_STOPPING = ("The run was stopped, so this question was declined, as on any stop. "
              "Nothing was approved.")
 
 
@@ -88,11 +91,16 @@ class Buttons:
     """The approval buttons of a site's conversations: asking with them, judging presses,
     and updating each message once its question is settled."""
 
-    def __init__(self, *, db: StateDB, audit: AuditLog, clock: Clock) -> None:
+    def __init__(
+        self, adapters: Mapping[str, ChatAdapter], *, db: StateDB, audit: AuditLog,
+        clock: Clock,
+    ) -> None:
+        self._adapters = adapters
         self._db = db
         self._audit = audit
         self._clock = clock
         self.board = QuestionBoard(db, clock=clock)
+        self._updates: set[asyncio.Task[None]] = set()
 
     # -- asking -------------------------------------------------------------------------------
 
@@ -167,8 +175,8 @@ class Buttons:
         if question.status == "timed_out":
             when = _hhmmss(from_us(question.deadline_us))
             return f"Expired at {when} UTC: nobody answered in time, so nothing was approved."
-        return (f"Declined at {_hhmmss(self._clock())} UTC: the run was stopped, so nothing "
-                "was approved.")
+        # No time: the row does not say when the stop closed it.
+        return "Declined: the run was stopped, so nothing was approved."
 
     # -- a press ------------------------------------------------------------------------------
 
@@ -230,6 +238,7 @@ class Buttons:
             await self._audit.record("button", "repeated", "ok", subject=subject,
                                      run_id=question.run_id, details=details)
             return PressAnswer(None)
+        self._resettle(press, settled, subject)
         if settled.status == "stopped":
             await self._audit.record("button", "stopped", "refused", subject=subject,
                                      run_id=question.run_id, details=details)
@@ -238,6 +247,23 @@ class Buttons:
         return await self._stale(subject, details, f"the question is {settled.status}",
                                  f"This question no longer waits for an answer: {line} "
                                  "Your press changed nothing.", run_id=question.run_id)
+
+    def _resettle(self, press: Press, question: Question, subject: str) -> None:
+        """Replace a settled question's message that still shows buttons (it was pressed),
+        after the press is answered: never hold the acknowledgement on a platform call."""
+        adapter = self._adapters.get(press.platform)
+        if adapter is None or not press.message_id:
+            return
+        task = asyncio.create_task(self._settle(adapter, press.channel, press.thread,
+                                                press.message_id, question, subject=subject))
+        self._updates.add(task)
+        task.add_done_callback(self._updates.discard)
+
+    async def close(self) -> None:
+        """End the message updates still under way."""
+        for task in list(self._updates):
+            task.cancel()
+        await asyncio.gather(*self._updates, return_exceptions=True)
 
     async def _stale(
         self, subject: str, details: dict[str, object], reason: str, tell: str,

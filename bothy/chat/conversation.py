@@ -72,7 +72,7 @@ class Conversations:
         self._db = db
         self._audit = audit
         self._clock = clock
-        self.buttons = Buttons(db=db, audit=audit, clock=clock)  # its approval questions
+        self.buttons = Buttons(adapters, db=db, audit=audit, clock=clock)  # approval questions
 
     # -- the inbox's side: a message becomes a durable wake -----------------------------------
 

@@ -160,3 +160,4 @@ class ChatRouter:
         for task in list(self._replies):
             task.cancel()
         await asyncio.gather(*self._replies, return_exceptions=True)
+        await self._conversations.buttons.close()

@@ -424,8 +424,8 @@ class SlackAdapter:
         """Post ``text`` in ``thread`` with Approve / Decline buttons; returns its ts."""
         response = await self._call(
             f"post a question in {channel} thread {thread}",
-            self._ready().chat_postMessage(channel=channel, thread_ts=thread, text=text,
-                                           blocks=question_blocks(text, value)),
+            self._open_web().chat_postMessage(channel=channel, thread_ts=thread, text=text,
+                                              blocks=question_blocks(text, value)),
         )
         return _field(response, "ts", "chat.postMessage")
 
@@ -436,9 +436,18 @@ class SlackAdapter:
         (chat.update)."""
         await self._call(
             f"update the question {message_id} in {channel}",
-            self._ready().chat_update(channel=channel, ts=message_id, text=f"{text}\n{verdict}",
-                                      blocks=settled_blocks(text, verdict)),
+            self._open_web().chat_update(channel=channel, ts=message_id,
+                                         text=f"{text}\n{verdict}",
+                                         blocks=settled_blocks(text, verdict)),
         )
+
+    def _open_web(self) -> AsyncWebClient:
+        """The Web API client, or ChatUnavailable once stopped (a question's message may be
+        settled after `bothy serve` closed its chat connections)."""
+        if self._state != "ready" or self._web is None:
+            raise ChatUnavailable(f"Slack is not connected (the adapter is {self._state})",
+                                  platform=PLATFORM)
+        return self._web
 
     def _ready(self) -> AsyncWebClient:
         if self._state != "ready" or self._web is None:
