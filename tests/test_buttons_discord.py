@@ -3,8 +3,9 @@ on loopback (message components, ``INTERACTION_CREATE``, interaction responses, 
 edits), the real codex against the scripted model.
 
 Like ``tests/test_chat_discord_serve.py``, the daemon runs in the test's own loop (its
-Discord adapter is handed the fake's connector); no `bothy serve` subprocess reaches the
-Discord fake yet.
+Discord adapter is handed the fake's connector), which lets these tests look at every
+interaction callback and edit; ``tests/test_buttons_discord_subprocess.py`` proves a press
+through a real `bothy serve` subprocess.
 """
 
 from __future__ import annotations

@@ -47,8 +47,7 @@ APPROVE = "approve"
 DECLINE = "decline"
 CHOICES = (APPROVE, DECLINE)
 ACTION_PREFIX = "bothy_question:"  # Slack action_id / Discord custom_id: the prefix + choice
-_ASKING = "Press Approve or Decline, or reply in this thread (yes or no)."
-_ASKING_PLAIN = "Reply in this thread (yes or no for an approval)."
+_ASKING = "Press Approve or Decline, or answer yes or no in this thread."
 _FOLLOW_S = 0.25  # how often a button message looks at its question's row
 _VALUE = re.compile(r"([0-9]{1,18}):([A-Za-z0-9_.-]{1,100})")
 
@@ -82,11 +81,6 @@ def parse_value(value: str) -> ButtonRef | None:
     return ButtonRef(int(match.group(1)), match.group(2))
 
 
-def asking_text(text: str, *, buttons: bool) -> str:
-    """A question as posted in its thread."""
-    return f"? {text}\n{_ASKING if buttons else _ASKING_PLAIN}"
-
-
 class Buttons:
     """The approval buttons of a site's conversations: asking with them, judging presses,
     and updating each message once its question is settled."""
@@ -106,23 +100,25 @@ class Buttons:
 
     async def ask(
         self, adapter: ChatAdapter, channel: str, thread: str, run_id: str, text: str,
-        *, subject: str,
+        *, hint: str, subject: str,
     ) -> None:
-        """Post the run's question in its thread (with buttons for an approval) and, for a
-        button message, replace it once the question is settled."""
+        """Post the run's question in its thread — an approval with buttons, anything else
+        (or an approval whose buttons could not be posted) with ``hint``, how to answer it —
+        and replace a button message once its question is settled."""
         question = await self.board.latest(run_id)
+        plain = f"? {text}\n{hint}"
         if question is None or question.kind != "approval":
-            await self._post_plain(adapter, channel, thread, run_id, text, subject)
+            await self._post_plain(adapter, channel, thread, run_id, plain, subject)
             return
         try:
             message_id = await adapter.post_question(
-                channel, thread, asking_text(text, buttons=True),
+                channel, thread, f"? {text}\n{_ASKING}",
                 button_value(question.question_id, run_id))
         except ChatError as exc:
             await self._audit.record("chat", "post-failed", "failed", subject=subject,
                                      run_id=run_id, details={"reason": str(exc),
                                                              "question": question.question_id})
-            await self._post_plain(adapter, channel, thread, run_id, text, subject)
+            await self._post_plain(adapter, channel, thread, run_id, plain, subject)
             return
         settled = await self._settled(question.question_id)
         await self._settle(adapter, channel, thread, message_id, settled, subject=subject)
@@ -132,7 +128,7 @@ class Buttons:
         subject: str,
     ) -> None:
         try:
-            await adapter.post(channel, thread, asking_text(text, buttons=False))
+            await adapter.post(channel, thread, text)
         except ChatError as exc:
             await self._audit.record("chat", "post-failed", "failed", subject=subject,
                                      run_id=run_id, details={"reason": str(exc)})
