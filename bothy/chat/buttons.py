@@ -99,12 +99,13 @@ class Buttons:
     # -- asking -------------------------------------------------------------------------------
 
     async def ask(
-        self, adapter: ChatAdapter, channel: str, thread: str, run_id: str, text: str,
+        self, platform: str, channel: str, thread: str, run_id: str, text: str,
         *, hint: str, subject: str,
     ) -> None:
         """Post the run's question in its thread — an approval with buttons, anything else
         (or an approval whose buttons could not be posted) with ``hint``, how to answer it —
         and replace a button message once its question is settled."""
+        adapter = self._adapters[platform]
         question = await self.board.latest(run_id)
         plain = f"? {text}\n{hint}"
         if question is None or question.kind != "approval":

@@ -268,8 +268,8 @@ class _ThreadQuestions:
         approval with buttons, followed until it is settled (``chat/buttons.py``)."""
         platform, channel = self._message.platform, self._message.channel
         self._track(self._conversations.buttons.ask(
-            self._conversations.adapters[platform], channel, self._thread, run_id, text,
-            hint=f"{hint} {_ASKING}", subject=thread_key(platform, channel, self._thread),
+            platform, channel, self._thread, run_id, text, hint=f"{hint} {_ASKING}",
+            subject=thread_key(platform, channel, self._thread),
         ))
 
     def expired(self, run_id: str, text: str, hold_s: float) -> None:
