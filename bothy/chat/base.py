@@ -115,6 +115,10 @@ class ChatAdapter(Protocol):
         thread) with ``text`` and, on a line of its own, ``verdict`` — Bothy's own words,
         whose ``<@id>`` mentions the decider — and no buttons: it is decided."""
 
+    async def link(self, channel: str, thread: str) -> str | None:
+        """A link a person can open to the thread (Slack permalink, Discord jump URL), or
+        None when the platform cannot give one now. Never raises: an alert goes out without."""
+
 
 def split_text(text: str, limit: int) -> list[str]:
     """Cut ``text`` into pieces of at most ``limit`` characters, at line breaks when possible,

@@ -57,7 +57,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import ClientPayloadError, web
 
@@ -112,8 +112,18 @@ class _Envelope:
     signature: str | None
 
 
+class Pages(Protocol):
+    """Read-only pages sharing the tailnet door (``bothy.web``): the paths they own, once no
+    webhook route has the path, are handed to them untouched and never audited here."""
+
+    def owns(self, path: str) -> bool: ...
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse: ...
+
+
 class WebhookListener:
-    """An aiohttp listener serving the signed routes whose ``public`` flag matches its own."""
+    """An aiohttp listener serving the signed routes whose ``public`` flag matches its own
+    (and, on the tailnet door only, ``pages``)."""
 
     def __init__(
         self,
@@ -126,7 +136,11 @@ class WebhookListener:
         clock: Clock,
         on_accepted: Callable[[], None] | None = None,
         deadlines: ReadDeadlines | None = None,
+        pages: Pages | None = None,
     ) -> None:
+        if public and pages is not None:
+            raise ValueError("the pages are never served on the public (Funnel) listener")
+        self._pages = pages
         self._routes = {route.path: (name, route) for name, route in routes.items()
                         if route.public == public}
         # Any delivery-id header a configured route reads, to name a delivery sent elsewhere.
@@ -194,6 +208,8 @@ class WebhookListener:
         received_at = self._clock()
         sent_id = self._delivery_sent(request)
         found = self._routes.get(request.path)
+        if found is None and self._pages is not None and self._pages.owns(request.path):
+            return await self._pages.handle(request)
         if found is None:
             path = request.path[:200]
             return await self._refuse(request, None, Refusal(
