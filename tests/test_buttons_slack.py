@@ -273,12 +273,13 @@ def _value_of(post: Post) -> str:
 
 
 
-async def test_buttons_left_by_a_stopped_serve_are_replaced_when_pressed_after_a_restart(
+async def test_a_stopped_serve_declines_the_question_and_a_message_left_behind_is_replaced(
     tmp_path: Path, server: ModelServer, slack: FakeSlack
 ) -> None:
-    """`bothy serve` stops while a question waits: its Slack connection closes first, so the
-    message keeps its buttons (`button update-failed`). After a restart a press on it is told
-    the question was declined when the run was stopped, and the message is replaced."""
+    """`bothy serve` stops while a question waits: at the end of its grace the question is
+    declined as on any stop, and the message is to say so — here Slack refuses that update
+    (`button update-failed`), so the buttons stay. After a restart a press on them is told the
+    run was stopped, changes nothing, and the message is replaced then."""
     server.script(tool_call("bothy_checklist", {"action": "add", "item": "Watch the disk."}),
                   text("Stopped."))
     site = _site(tmp_path, server, slack)
@@ -289,8 +290,9 @@ async def test_buttons_left_by_a_stopped_serve_are_replaced_when_pressed_after_a
         ts = slack.send_mention(OPERATOR, CHANNEL, "add a checklist item about the disk")
         question = await _question(site, slack, ts)
         value = _value_of(question)
+        slack.fail_method("chat.update", error="internal_error")
         assert await serving.stop() == 0
-        assert _buttons_of(question) == [APPROVE, DECLINE]  # nobody could update it
+        assert _buttons_of(question) == [APPROVE, DECLINE]  # the update was refused
 
         restarted = await start_serve(shell)
         press = slack.press_button(OPERATOR, question.ts, APPROVE, value=value)
@@ -300,8 +302,9 @@ async def test_buttons_left_by_a_stopped_serve_are_replaced_when_pressed_after_a
         assert await restarted.stop() == 0
 
     failed = _events(site, "button", "update-failed")
-    assert len(failed) == 1 and "not connected" in failed[0].details["reason"]
+    assert len(failed) == 1 and "internal_error" in failed[0].details["reason"]
     assert "The run was stopped" in slack.ephemerals[0].text
+    assert len(_events(site, "button", "stopped")) == 1
     assert re.search(r"\nDeclined: the run was stopped", question.text)
     assert [r.details["reason"] for r in _events(site, "question", "stopped")] == [
         "bothy is stopping"]
