@@ -20,8 +20,8 @@ draw the buttons and carry presses in and answers out):
 - the message's end: once its question is settled — by a button, a reply in the thread,
   ``bothy answer``, its deadline or a stop — the message is replaced by the question and
   who decided and when, or that it expired, without buttons (:meth:`Buttons.ask` follows it).
-  A message that kept its buttons (the update failed, or `bothy serve` stopped first: its
-  chat connections close before its runs are stopped) is replaced when somebody presses it.
+  A message that kept its buttons (the platform refused the update) is replaced when
+  somebody presses it, after a restart too.
   The new thread message that says a question expired is not this module's.
 
 Replies keep working beside the buttons: plain words (``yes``, ``approve``, ``no``,
