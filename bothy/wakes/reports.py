@@ -111,7 +111,7 @@ class Reports:
             await self._post(report_to, self._report_text(request, result), request, result)
         if alerting:
             await self._alerts.raise_alert(
-                f"run {result.run_id}", f"run {result.run_id} ended {result.outcome}:"
+                request.subject, f"run {result.run_id} ended {result.outcome}:"
                 f" {result.reason or 'no reason given'}", subject=request.subject,
                 run_id=result.run_id)
 
