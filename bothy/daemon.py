@@ -259,7 +259,8 @@ class Daemon:
         try:
             # Connected side by side: discord.py alone waits out its guild-ready delay.
             started = await asyncio.gather(
-                *(adapter.start(router.on_message, on_lost=router.on_lost)
+                *(adapter.start(router.on_message, on_lost=router.on_lost,
+                                on_press=router.on_press)
                   for adapter in adapters.values()),
                 return_exceptions=True,
             )

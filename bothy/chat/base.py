@@ -38,7 +38,35 @@ class ChatMessage:
     in_thread: bool  # it is a reply inside an existing thread
 
 
+@dataclass(frozen=True)
+class Press:
+    """A person pressing one of Bothy's buttons (Approve / Decline on a question), as the
+    platform delivered it. ``forged`` is set by the adapter when the press cannot be this
+    bot's (another workspace, app or guild): it is then only audited."""
+
+    platform: str  # "slack" | "discord"
+    press_id: str  # the platform's id of this press (Slack action_ts; Discord interaction id)
+    user: str  # the presser's platform id
+    channel: str  # where the button message is (Slack channel; Discord thread or channel)
+    thread: str  # the conversation the message is in (Slack thread_ts; Discord thread id)
+    message_id: str  # the button message (Slack ts; Discord message id)
+    choice: str  # "approve" | "decline" | "" (a button Bothy does not know)
+    value: str  # what the button carries: the question and its run (chat/buttons.py)
+    forged: str | None = None  # why the press is not genuine, when it is not
+
+
+@dataclass(frozen=True)
+class PressAnswer:
+    """What the adapter does with a press once it is recorded: acknowledge it, and tell the
+    presser ``notice`` privately (ephemeral) when there is one."""
+
+    notice: str | None
+
+
 OnMessage = Callable[[ChatMessage], Awaitable[None]]
+OnPress = Callable[[Press], Awaitable[PressAnswer]]
+"""Judges and records a press before it returns; the adapter acknowledges the platform only
+after it returned (Slack redelivers a press that was not acknowledged)."""
 OnLost = Callable[[ChatMessage, str], Awaitable[None]]
 """Told of a message taken off the platform that ``on_message`` could not take (the reason),
 when the platform will not deliver it again: it is lost, and somebody should know."""
@@ -49,9 +77,13 @@ class ChatAdapter(Protocol):
 
     platform: str
 
-    async def start(self, on_message: OnMessage, *, on_lost: OnLost | None = None) -> None:
+    async def start(
+        self, on_message: OnMessage, *, on_lost: OnLost | None = None,
+        on_press: OnPress | None = None,
+    ) -> None:
         """Connect and return once ready. Raise ChatAuthError for a token the platform
         refuses (a configuration error) and ChatUnavailable when it cannot be reached.
+        Presses of Bothy's buttons go to ``on_press`` (none: they are acknowledged only).
         ``on_lost`` hears of each message that ``on_message`` failed and the platform will
         not redeliver (Discord; Slack redelivers an envelope that was not acknowledged)."""
 
@@ -71,6 +103,17 @@ class ChatAdapter(Protocol):
 
     async def post_alert(self, channel: str, text: str) -> list[str]:
         """Post an alert in a channel (not in a thread)."""
+
+    async def post_question(self, channel: str, thread: str, text: str, value: str) -> str:
+        """Post an approval question in a thread with Approve / Decline buttons carrying
+        ``value``; returns the message's id."""
+
+    async def settle_question(
+        self, channel: str, thread: str, message_id: str, text: str, verdict: str
+    ) -> None:
+        """Replace a question's message (posted by :meth:`post_question` in that channel and
+        thread) with ``text`` and, on a line of its own, ``verdict`` — Bothy's own words,
+        whose ``<@id>`` mentions the decider — and no buttons: it is decided."""
 
     async def link(self, channel: str, thread: str) -> str | None:
         """A link a person can open to the thread (Slack permalink, Discord jump URL), or

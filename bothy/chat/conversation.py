@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Coroutine
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from bothy.chat.base import ChatAdapter, ChatMessage
+from bothy.chat.buttons import Buttons
 from bothy.clock import Clock, to_us
 from bothy.config import Config
 from bothy.engine.alerts import AlertThread
@@ -79,6 +81,7 @@ class Conversations:
         self._db = db
         self._audit = audit
         self._clock = clock
+        self.buttons = Buttons(adapters, db=db, audit=audit, clock=clock)  # approval questions
 
     # -- the inbox's side: a message becomes a durable wake -----------------------------------
 
@@ -286,6 +289,15 @@ class _Thread:
         await self._conversations.post(self.message.platform, self.message.channel,
                                        await self._opened(), text, run_id=run_id)
 
+    async def ask(self, run_id: str, text: str, hint: str) -> None:
+        """Ask the run's question in the thread, opening it first: an approval with buttons
+        (``chat/buttons.py``), anything else with ``hint``."""
+        thread = await self._opened()
+        platform, channel = self.message.platform, self.message.channel
+        await self._conversations.buttons.ask(platform, channel, thread, run_id, text,
+                                              hint=hint,
+                                              subject=thread_key(platform, channel, thread))
+
     async def _opened(self) -> str:
         """The thread, opened once (concurrent posts share the opening)."""
         if self._opening is None:
@@ -307,8 +319,9 @@ class _ThreadQuestions:
         self.ask(run_id, text, APPROVAL_HINT)
 
     def ask(self, run_id: str, text: str, hint: str) -> None:
-        """Post the question (its options numbered) and how to answer it, in the thread."""
-        self._post(run_id, f"? {text}\n{hint} {_ASKING}")
+        """Post the question (its options numbered) and how to answer it, in the thread: an
+        approval with buttons, followed until it is settled (``chat/buttons.py``)."""
+        self._track(self._thread.ask(run_id, text, f"{hint} {_ASKING}"))
 
     def declined(self, run_id: str, text: str) -> None:
         """A question this run could not hold (its profile holds none): said in the thread."""
@@ -319,7 +332,10 @@ class _ThreadQuestions:
         self._post(run_id, expiry_note(hold_s))
 
     def _post(self, run_id: str, text: str) -> None:
-        task = asyncio.create_task(self._thread.post(text, run_id=run_id))
+        self._track(self._thread.post(text, run_id=run_id))
+
+    def _track(self, post: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(post)
         self._posts.add(task)
         task.add_done_callback(self._posts.discard)
 

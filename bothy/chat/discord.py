@@ -42,6 +42,11 @@ retries a request whose response was lost (a 5xx), Discord returns the message i
 instead of posting it twice. Nothing the bot posts pings anyone (``AllowedMentions.none()``,
 sent as ``{"parse": []}``): an answer quoting ``@everyone`` or ``<@id>`` stays text.
 
+Presses of Bothy's approval buttons (components drawn by ``discord_buttons.py``) arrive as
+``INTERACTION_CREATE``; each goes to ``on_press``, which records the decision, and only then is
+the interaction answered. A replay of a press (after a RESUME) reaches ``on_press`` again and
+changes nothing there.
+
 No ``discord`` or ``aiohttp`` exception leaves this module (:func:`translate_error`): a refused
 token (401, close 4004) or a refused intent (4013, 4014) is :class:`ChatAuthError`, an
 unreachable or failing Discord (connection errors, timeouts, 5xx, 429) is
@@ -64,7 +69,8 @@ from typing import Literal
 
 import aiohttp
 
-from bothy.chat.base import ChatMessage, OnLost, OnMessage
+from bothy.chat.base import DISCORD_MAX_CHARS, ChatMessage, OnLost, OnMessage, OnPress
+from bothy.chat.discord_buttons import is_ours, press_of, question_view
 from bothy.chat.formatting import discord_pieces
 from bothy.chat.liveness import Heard
 from bothy.config import DiscordConfig
@@ -141,6 +147,7 @@ class DiscordAdapter:
         self._failure: ChatError | None = None
         self._on_message: OnMessage | None = None
         self._on_lost: OnLost | None = None
+        self._on_press: OnPress | None = None
         self._me = 0
         self._mention: re.Pattern[str] | None = None
         self._threads: set[int] = set()  # threads this process started or was mentioned in
@@ -160,7 +167,10 @@ class DiscordAdapter:
         """The bot's own user id, known once started ("" before)."""
         return str(self._me) if self._me else ""
 
-    async def start(self, on_message: OnMessage, *, on_lost: OnLost | None = None) -> None:
+    async def start(
+        self, on_message: OnMessage, *, on_lost: OnLost | None = None,
+        on_press: OnPress | None = None,
+    ) -> None:
         """Log in, connect the gateway, return once Discord says READY.
 
         Raises ChatAuthError for a missing or refused token or a refused privileged intent,
@@ -169,6 +179,7 @@ class DiscordAdapter:
         if self._state != "new":
             raise RuntimeError(f"DiscordAdapter.start() called when {self._state}")
         self._state = "starting"
+        self._on_press = on_press
         try:
             async with asyncio.timeout(self._ready_timeout_s):
                 await self._start(on_message, on_lost)
@@ -226,6 +237,7 @@ class DiscordAdapter:
             heartbeat_timeout_s=self._heartbeat_timeout_s,
             on_ready=self._on_ready,
             on_message=self._receive,
+            on_interaction=self._interaction,
             on_frame=self._heard_frame,
             on_event=self._heard_event,
         )
@@ -393,6 +405,43 @@ class DiscordAdapter:
             if task is not None:
                 self._handlers.discard(task)
 
+    async def _interaction(self, interaction: discord.Interaction) -> None:
+        """discord.py's on_interaction: a press of one of Bothy's buttons is recorded
+        (``on_press``) before the interaction is answered; a press whose recording failed is
+        left unanswered (Discord tells the presser it failed; they may press again)."""
+        if not is_ours(interaction) or self._client is None:
+            return
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+        try:
+            client = self._client
+            press = press_of(interaction, me=self._me, application_id=client.application_id,
+                             guilds={guild.id for guild in client.guilds})
+            notice = None
+            if self._on_press is not None:
+                notice = (await self._on_press(press)).notice
+            if press.forged is None:
+                await self._respond(interaction, notice)
+        except Exception:  # the router's failure must not end the connection
+            _log.exception("Discord: a button press (interaction %s) failed", interaction.id)
+        finally:
+            if task is not None:
+                self._handlers.discard(task)
+
+    async def _respond(self, interaction: discord.Interaction, notice: str | None) -> None:
+        """Answer a press: privately when there is something to tell, else a deferred update
+        (the message itself is replaced once its question is settled)."""
+        try:
+            if notice is None:
+                await interaction.response.defer()
+            else:
+                await interaction.response.send_message(notice, ephemeral=True)
+        except (discord.HTTPException, discord.InteractionResponded) as exc:
+            # A replayed press (after a RESUME) was answered the first time: Discord refuses
+            # a second answer (40060). Its decision is recorded either way.
+            _log.info("Discord: could not answer interaction %s: %s", interaction.id, exc)
+
     async def _report_lost(self, chat: ChatMessage, reason: str) -> None:
         if self._on_lost is None:
             return
@@ -489,6 +538,34 @@ class DiscordAdapter:
         return await self._send(_snowflake(target, "alert channel"), text,
                                 f"post an alert in Discord channel {target}")
 
+    async def post_question(self, channel: str, thread: str, text: str, value: str) -> str:
+        """Post ``text`` in ``thread`` with Approve / Decline buttons; returns its id."""
+        client = self._connected()
+        target = thread or channel
+        destination = client.get_partial_messageable(_snowflake(target, "thread"))
+        view = question_view(value)
+        with _boundary(f"post a question in Discord {target}"):
+            message = await destination.send(
+                discord_pieces(text)[0], view=view,
+                nonce=secrets.token_hex(_NONCE_HEX_BYTES), allowed_mentions=_NO_PINGS)
+        view.stop()  # presses are read in on_interaction, not by discord.py's view store
+        return str(message.id)
+
+    async def settle_question(
+        self, channel: str, thread: str, message_id: str, text: str, verdict: str
+    ) -> None:
+        """Replace the question ``message_id`` with ``text`` and ``verdict`` and no buttons
+        (an edit; the verdict's mention pings nobody)."""
+        # The question as posted (formatted), cut to leave room for Bothy's own verdict.
+        text = f"{discord_pieces(text)[0][: DISCORD_MAX_CHARS - len(verdict) - 1]}\n{verdict}"
+        client = self._connected()
+        target = thread or channel
+        partial = client.get_partial_messageable(_snowflake(target, "thread")).get_partial_message(
+            _snowflake(message_id, "message"))
+        with _boundary(f"update the question {message_id} in Discord {target}"):
+            await partial.edit(content=text, view=None,
+                               allowed_mentions=_NO_PINGS)
+
     async def link(self, channel: str, thread: str) -> str | None:
         """The thread's jump URL (``https://discord.com/channels/{guild}/{thread}``); for a
         mention whose thread was never started, the message's
@@ -547,6 +624,7 @@ class _Gateway(discord.Client):
         heartbeat_timeout_s: float,
         on_ready: Callable[[], None],
         on_message: Callable[[discord.Message], Awaitable[None]],
+        on_interaction: Callable[[discord.Interaction], Awaitable[None]],
         on_frame: Callable[[str], None],
         on_event: Callable[[], None],
     ) -> None:
@@ -564,6 +642,7 @@ class _Gateway(discord.Client):
         )
         self._ready_hook = on_ready
         self._message_hook = on_message
+        self._interaction_hook = on_interaction
         self._frame_hook = on_frame
         self._event_hook = on_event
 
@@ -586,6 +665,10 @@ class _Gateway(discord.Client):
     async def on_message(self, message: discord.Message) -> None:
         """A MESSAGE_CREATE, in a task of its own."""
         await self._message_hook(message)
+
+    async def on_interaction(self, interaction: discord.Interaction) -> None:
+        """An INTERACTION_CREATE (a button pressed), in a task of its own."""
+        await self._interaction_hook(interaction)
 
 
 # ---------------------------------------------------------------- foreign errors

@@ -11,7 +11,8 @@
   the run finished continues the conversation: a new run in the same lane, told what it
   answered last.
 - Anyone not on the allowlist is refused politely (a mention) or ignored (a reply); both are
-  audited, and a held question stays pending.
+  audited, and a held question stays pending. A press of an approval button is judged the
+  same way (:meth:`ChatRouter.on_press`; the rest of its meaning is ``chat/buttons.py``'s).
 - A message an adapter took off a platform that will not send it again, but that could not be
   taken here (the inbox is full, say), is lost: :meth:`ChatRouter.on_lost` audits it
   (``chat lost``) and raises an alert, so somebody hears of it.
@@ -23,8 +24,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from bothy.chat.base import ChatMessage
-from bothy.chat.conversation import Conversations, thread_key
+from bothy.chat.base import ChatMessage, Press, PressAnswer
+from bothy.chat.conversation import Conversations, subject, thread_key
 from bothy.config import ChatConfig
 from bothy.engine.alerts import Alert, Alerts, AlertThread
 from bothy.engine.audit import AuditLog
@@ -95,6 +96,14 @@ class ChatRouter:
             await self._reply(message)
         elif message.mentioned:
             await self._mention(message)
+
+    async def on_press(self, press: Press) -> PressAnswer:
+        """Called by an adapter for a press of one of Bothy's buttons, before it acknowledges
+        the press: who may press is decided here, what the press does by the buttons."""
+        return await self._conversations.buttons.press(
+            press, allowed=self.allowed(press.platform, press.user),
+            subject=thread_key(press.platform, press.channel, press.thread),
+            lane=subject(press.platform, press.thread))
 
     async def on_lost(self, message: ChatMessage, reason: str) -> None:
         """Called by an adapter for a message ``on_message`` failed and nobody will resend."""
@@ -188,3 +197,4 @@ class ChatRouter:
         for task in list(self._replies):
             task.cancel()
         await asyncio.gather(*self._replies, return_exceptions=True)
+        await self._conversations.buttons.close()

@@ -22,6 +22,11 @@ Dropped (and acked): the bot's own messages, other bots' messages (``bot_id``: n
 edits, deletions, joins and every other event type (a no-op listener matches them all, since
 bolt leaves an event with no listener un-acked and Slack would keep retrying it).
 
+Button presses (``block_actions`` in an ``interactive`` envelope) on Bothy's approval buttons
+(drawn by ``slack_buttons.py``) go to ``on_press``, which records the decision before it returns;
+only then is the envelope acked, so a press whose recording failed is delivered again. The
+presser's private notice (``chat.postEphemeral``) follows the ack.
+
 No ``slack_sdk``, ``slack_bolt`` or ``aiohttp`` exception leaves this module: a refused token is
 :class:`ChatAuthError`, an unreachable or overloaded Slack (connection errors, timeouts, 5xx,
 rate limits still hit after retries) is :class:`ChatUnavailable`, anything else
@@ -46,7 +51,7 @@ import os
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import aiohttp
@@ -59,14 +64,11 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bothy.chat.base import (
-    ChatAdapter,
-    ChatMessage,
-    OnLost,
-    OnMessage,
-)
+from bothy.chat.base import ChatAdapter, ChatMessage, OnLost, OnMessage, OnPress, Press
+from bothy.chat.buttons import ACTION_PREFIX
 from bothy.chat.formatting import slack_pieces
 from bothy.chat.liveness import Heard, Watched
+from bothy.chat.slack_buttons import press_of, question_blocks, settled_blocks
 from bothy.config import SlackConfig
 from bothy.errors import ChatAuthError, ChatError, ChatUnavailable
 
@@ -133,7 +135,10 @@ class SlackAdapter:
         self._web: AsyncWebClient | None = None
         self._handler: AsyncSocketModeHandler | None = None
         self._on_message: OnMessage | None = None
+        self._on_press: OnPress | None = None
         self._bot_user_id = ""
+        self._team_id = ""
+        self._app_id: str | None = None
         self._mention: re.Pattern[str] | None = None
         self._inflight: dict[str, asyncio.Future[bool]] = {}
         self._done: OrderedDict[str, None] = OrderedDict()
@@ -149,7 +154,10 @@ class SlackAdapter:
         """The bot's own user id (``U…``), known once started."""
         return self._bot_user_id
 
-    async def start(self, on_message: OnMessage, *, on_lost: OnLost | None = None) -> None:
+    async def start(
+        self, on_message: OnMessage, *, on_lost: OnLost | None = None,
+        on_press: OnPress | None = None,
+    ) -> None:
         """Check both tokens, connect the socket, return once it is open.
 
         Raises ChatAuthError for a token that is missing or refused, ChatUnavailable when Slack
@@ -160,6 +168,7 @@ class SlackAdapter:
         if self._state != "new":
             raise RuntimeError(f"SlackAdapter.start() called when {self._state}")
         self._state = "starting"
+        self._on_press = on_press
         try:
             await self._start(on_message)
         except BaseException:
@@ -182,6 +191,11 @@ class SlackAdapter:
         )
         identity = await self._call("check the bot token (auth.test)", web.auth_test())
         self._bot_user_id = _field(identity, "user_id", "auth.test")
+        # What a genuine button press names (slack_buttons.press_of): this workspace, and
+        # this app when auth.test says which (it does for a bot token; the field is optional).
+        self._team_id = _field(identity, "team_id", "auth.test")
+        app_id = identity.get("app_id")
+        self._app_id = app_id if isinstance(app_id, str) and app_id else None
         self._mention = re.compile(rf"<@{re.escape(self._bot_user_id)}(?:\|[^>]*)?>[ \t]?")
         self._app_token = app_token
         self._handler = await self._open_socket(web, self._connect_timeout_s)
@@ -283,6 +297,10 @@ class SlackAdapter:
         app.event("message")(self._on_event)
         # Listeners are tried in order; this one acks every other event type.
         app.event(re.compile(r".*"))(self._ignore)
+        # Button presses: Bothy's are recorded before the ack; any other action is acked
+        # only (bolt leaves an unmatched one un-acked, and Slack shows the presser an error).
+        app.action(re.compile("^" + re.escape(ACTION_PREFIX)))(self._on_action)
+        app.action(re.compile(r".*"))(self._ignore_action)
         return app
 
     async def stop(self) -> None:
@@ -304,6 +322,36 @@ class SlackAdapter:
 
     async def _ignore(self) -> None:
         """Ack an event Bothy does not use."""
+
+    async def _ignore_action(self, ack: Callable[[], Awaitable[Any]]) -> None:
+        """Ack a press of a button that is not Bothy's."""
+        await ack()
+
+    async def _on_action(self, ack: Callable[[], Awaitable[Any]], body: dict[str, Any]) -> None:
+        """A press of one of Bothy's buttons. ``on_press`` records it first; if it raises
+        nothing is acked and Slack delivers the press again. The presser is told privately
+        after the ack, never before (the ack waits for this listener to return)."""
+        press = press_of(body, team_id=self._team_id, app_id=self._app_id)
+        notice = None
+        if self._on_press is not None:
+            notice = (await self._on_press(press)).notice
+        await ack()
+        if notice is not None:
+            task = asyncio.create_task(self._tell(press, notice))
+            self._listeners.add(task)
+            task.add_done_callback(self._listeners.discard)
+
+    async def _tell(self, press: Press, text: str) -> None:
+        """Tell the presser something only they see (chat.postEphemeral), best effort."""
+        if self._state != "ready" or self._web is None:
+            return  # stopping: the press itself is recorded; only the notice is lost
+        try:
+            await self._call(
+                f"tell {press.user} in {press.channel} (chat.postEphemeral)",
+                self._web.chat_postEphemeral(channel=press.channel, user=press.user,
+                                             text=text, thread_ts=press.thread))
+        except ChatError as exc:  # the press itself is recorded; only the notice is lost
+            _log.warning("slack: %s", exc)
 
     async def _on_event(self, event: dict[str, Any]) -> None:
         message = self._to_message(event)
@@ -414,6 +462,39 @@ class SlackAdapter:
             )
             posted.append(str(response.get("ts")))
         return posted
+
+    async def post_question(self, channel: str, thread: str, text: str, value: str) -> str:
+        """Post ``text`` (as mrkdwn that pings nobody, ``chat/formatting.py``) in ``thread``
+        with Approve / Decline buttons; returns its ts."""
+        shown = slack_pieces(text)[0]
+        response = await self._call(
+            f"post a question in {channel} thread {thread}",
+            self._open_web().chat_postMessage(channel=channel, thread_ts=thread, text=shown,
+                                              blocks=question_blocks(shown, value)),
+        )
+        return _field(response, "ts", "chat.postMessage")
+
+    async def settle_question(
+        self, channel: str, thread: str, message_id: str, text: str, verdict: str
+    ) -> None:
+        """Replace the question ``message_id`` with ``text`` (formatted as it was posted)
+        and ``verdict`` (Bothy's own, its ``<@id>`` kept a mention) and no buttons
+        (chat.update)."""
+        shown = slack_pieces(text)[0]
+        await self._call(
+            f"update the question {message_id} in {channel}",
+            self._open_web().chat_update(channel=channel, ts=message_id,
+                                         text=f"{shown}\n{verdict}",
+                                         blocks=settled_blocks(shown, verdict)),
+        )
+
+    def _open_web(self) -> AsyncWebClient:
+        """The Web API client, or ChatUnavailable once stopped (a question's message may be
+        settled after `bothy serve` closed its chat connections)."""
+        if self._state != "ready" or self._web is None:
+            raise ChatUnavailable(f"Slack is not connected (the adapter is {self._state})",
+                                  platform=PLATFORM)
+        return self._web
 
     async def link(self, channel: str, thread: str) -> str | None:
         """The thread's permalink (``chat.getPermalink``), or None if Slack gives none."""

@@ -85,6 +85,8 @@ EVENTS = EventTable({
              # A connection that heard nothing (bothy/chat/liveness.py).
              "silent", "reconnected", "reconnect-failed", "watch-stopped"),
     "thread": ("resume-failed",),
+    # Approval buttons (chat/buttons.py): presses that did not count, and message updates.
+    "button": ("forged", "refused", "stale", "repeated", "stopped", "update-failed"),
     # A profile's memory: loaded into a run, used by its tools, pruned, restored by hand.
     "memory": ("loaded", "written", "refused", "read", "applied", "pruned", "left-out",
                "restored"),

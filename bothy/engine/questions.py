@@ -10,6 +10,7 @@ pending is recorded as late.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,21 @@ class ClosedQuestion:
 class Delivered:
     question_id: int
     question: str
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question as the board holds it (a button press is judged against this)."""
+
+    question_id: int
+    run_id: str
+    kind: str  # approval | input
+    text: str
+    status: str  # pending | answered | timed_out | stopped
+    answer: str | None
+    answered_by: str | None
+    answered_us: int | None
+    deadline_us: int
 
 
 class QuestionBoard:
@@ -139,6 +155,36 @@ class QuestionBoard:
             )
         return Delivered(int(row["id"]), str(row["text"]))
 
+    async def answer_question(self, question_id: int, text: str, by: str) -> Delivered | None:
+        """Answer one question by its id (a button names it), once: None when it is no longer
+        pending (answered already, expired, stopped), and nothing changes."""
+        async with self._db.transaction():
+            row = await self._db.fetch_one(
+                "SELECT text FROM questions WHERE id = ? AND status = 'pending'", (question_id,))
+            if row is None:
+                return None
+            await self._db.execute(
+                "UPDATE questions SET status = 'answered', answer = ?, answered_by = ?,"
+                " answered_us = ? WHERE id = ? AND status = 'pending'",
+                (text, by, to_us(self._clock()), question_id),
+            )
+        return Delivered(question_id, str(row["text"]))
+
+    async def decline_stopped(self, question_id: int, reason: str) -> Answered | Expired:
+        """Close a pending question as a stop closes it (``stopped``, never a person's no)."""
+        return await self._close(question_id, "stopped", reason)
+
+    async def question(self, question_id: int) -> Question | None:
+        row = await self._db.fetch_one("SELECT * FROM questions WHERE id = ?", (question_id,))
+        return _question(row) if row is not None else None
+
+    async def latest(self, run_id: str) -> Question | None:
+        """The run's newest question. A run holds one question at a time (the toolbox awaits
+        each request of the worker in turn), so right after it asks, this is the one asked."""
+        row = await self._db.fetch_one(
+            "SELECT * FROM questions WHERE run_id = ? ORDER BY id DESC LIMIT 1", (run_id,))
+        return _question(row) if row is not None else None
+
     async def _last_closed(self, run_id: str) -> ClosedQuestion | None:
         row = await self._db.fetch_one(
             "SELECT text, status, asked_us, deadline_us FROM questions WHERE run_id = ?"
@@ -157,6 +203,16 @@ class QuestionBoard:
         )
         return [str(row["text"]) for row in rows]
 
+
+def _question(row: sqlite3.Row) -> Question:
+    return Question(
+        question_id=int(row["id"]), run_id=str(row["run_id"]), kind=str(row["kind"]),
+        text=str(row["text"]), status=str(row["status"]),
+        answer=None if row["answer"] is None else str(row["answer"]),
+        answered_by=None if row["answered_by"] is None else str(row["answered_by"]),
+        answered_us=None if row["answered_us"] is None else int(row["answered_us"]),
+        deadline_us=int(row["deadline_us"]),
+    )
 
 _QUOTED_MAX_CHARS = 200
 APPROVAL_HINT = "Answer yes or no."

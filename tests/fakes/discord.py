@@ -36,8 +36,15 @@ What it speaks (shapes from discord-api-docs, contracts.md §3, and what discord
 * Intents: MESSAGE_CREATE only with GUILD_MESSAGES; without MESSAGE_CONTENT a message's
   ``content`` is empty unless it mentions the bot or the bot wrote it.
 
+* Buttons: a message's ``components`` are kept; :meth:`FakeDiscord.press_button` dispatches
+  ``INTERACTION_CREATE`` (type 3) for one of them (or a forged guild / application / custom
+  id), :meth:`replay_interaction` dispatches it again; ``POST /interactions/{id}/{token}/
+  callback`` (no bot token; one answer per interaction, a second is 400 code 40060) lands in
+  :attr:`callbacks`; ``PATCH …/messages/{id}`` (the bot's own only) in :attr:`edits`.
+
 Not emulated: permissions (all allowed), rate-limit headers and 429s, ETF, sharding, members,
-presences, interactions, DMs, archiving, session expiry by time.
+presences, application commands, modals, the 3 s interaction deadline, DMs, archiving,
+session expiry by time.
 """
 
 from __future__ import annotations
@@ -188,6 +195,27 @@ class Post:
     nonce: str | None
     enforce_nonce: bool
     allowed_mentions: JSON | None = None  # as the request carried it (None: absent)
+    components: list[JSON] = field(default_factory=list)  # action rows of buttons, if any
+
+
+@dataclass(frozen=True)
+class Edit:
+    """A message the bot edited (``PATCH /channels/{id}/messages/{id}``)."""
+
+    channel_id: str
+    message_id: str
+    content: str | None
+    components: list[JSON] | None
+
+
+@dataclass(frozen=True)
+class Callback:
+    """An interaction response (``POST /interactions/{id}/{token}/callback``) and its status."""
+
+    interaction_id: str
+    type: int  # 4 channel message, 6 deferred update, 7 update message …
+    data: JSON | None
+    status: int
 
 
 @dataclass(frozen=True)
@@ -317,6 +345,10 @@ class FakeDiscord:
         self.threads: list[ThreadStart] = []
         self.reactions: list[Reaction] = []
         self.requests: list[Request] = []
+        self.edits: list[Edit] = []
+        self.callbacks: list[Callback] = []
+        self.interactions: dict[str, JSON] = {}  # id -> the INTERACTION_CREATE payload sent
+        self._answered: set[str] = set()  # interactions already answered (one answer each)
         self.connections: list[Connection] = []
         self.refused_upgrades = 0  # gateway upgrades answered 503 (gateway_available False)
         self._certificates = certificates
@@ -376,6 +408,10 @@ class FakeDiscord:
         app.router.add_put(
             f"{api}/channels/{{channel}}/messages/{{message}}/reactions/{{emoji}}/@me",
             self._add_reaction, name="add_reaction")
+        app.router.add_patch(f"{api}/channels/{{channel}}/messages/{{message}}",
+                             self._edit_message, name="edit_message")
+        app.router.add_post(f"{api}/interactions/{{interaction}}/{{token}}/callback",
+                            self._interaction_callback, name="interaction_callback")
         runner = web.AppRunner(app, handler_cancellation=True,
                                shutdown_timeout=_SHUTDOWN_GRACE_S, access_log=None)
         await runner.setup()
@@ -402,6 +438,50 @@ class FakeDiscord:
     async def send_message(self, author_id: str, channel_id: str, text: str) -> str:
         """A user posts ``text`` (no mention) in a channel or thread; returns the message id."""
         return await self._user_message(author_id, channel_id, text, mentions_bot=False)
+
+    async def press_button(
+        self, user_id: str, message_id: str, custom_id: str | None = None, *,
+        label: str = "Approve", guild_id: str = GUILD_ID, application_id: str = APP_ID,
+    ) -> str:
+        """A member presses a button of the bot's message ``message_id``: an
+        ``INTERACTION_CREATE`` (type 3, component) as Discord dispatches it. The button is the
+        one labelled ``label`` unless ``custom_id`` names another; another ``guild_id`` or
+        ``application_id`` forges it. Returns the interaction id (answer it once, within
+        3 s: :attr:`callbacks`)."""
+        message = self._messages[message_id]
+        if custom_id is None:
+            custom_id = next(button["custom_id"] for row in message["components"]
+                             for button in row["components"] if button.get("label") == label)
+        channel_id = str(message["channel_id"])
+        interaction_id = self._snowflake()
+        payload: JSON = {
+            "id": interaction_id, "application_id": application_id, "type": 3,
+            "data": {"custom_id": custom_id, "component_type": 2},
+            "guild_id": guild_id, "channel_id": channel_id,
+            "channel": self._channel_payload(channel_id),
+            "member": {"user": self._user(user_id), "roles": [], "joined_at": _now(),
+                       "deaf": False, "mute": False, "flags": 0, "pending": False,
+                       "permissions": "2248473465835073", "nick": None, "avatar": None},
+            "message": message, "token": f"interaction-token-{uuid.uuid4().hex}",
+            "version": 1, "app_permissions": "2248473465835073", "locale": "en-US",
+            "guild_locale": "en-US", "entitlements": [], "context": 0,
+            "authorizing_integration_owners": {"0": guild_id},
+            "attachment_size_limit": 8388608,
+        }
+        self.interactions[interaction_id] = payload
+        await self._dispatch_interaction(payload)
+        return interaction_id
+
+    async def replay_interaction(self, interaction_id: str) -> None:
+        """Dispatch the same ``INTERACTION_CREATE`` again, as a replay after a RESUME does."""
+        await self._dispatch_interaction(self.interactions[interaction_id])
+
+    def callbacks_of(self, interaction_id: str) -> list[Callback]:
+        return [c for c in self.callbacks if c.interaction_id == interaction_id]
+
+    def message(self, message_id: str) -> JSON:
+        """A message as it is now (content and components after any edit)."""
+        return self._messages[message_id]
 
     async def close_gateway(self, code: int, reason: str = "") -> None:
         """Close the current gateway socket with ``code`` (4000 resumable, 4004, 4014 …)."""
@@ -614,6 +694,12 @@ class FakeDiscord:
             visible.update(content="", embeds=[], attachments=[], components=[])
         await self._emit(session, "MESSAGE_CREATE", visible)
 
+    async def _dispatch_interaction(self, payload: JSON) -> None:
+        session = self._session
+        if session is None or not session.resumable:
+            return  # nobody to tell: the press is lost, as on Discord
+        await self._emit(session, "INTERACTION_CREATE", payload)
+
     # ---------------------------------------------------------------- gateway
 
     async def _gateway(self, request: web.Request) -> web.StreamResponse:
@@ -730,7 +816,9 @@ class FakeDiscord:
 
     async def _rest(self, request: web.Request, route: str,
                     handler: Callable[[web.Request], Any]) -> web.StreamResponse:
-        if request.headers.get("Authorization") != f"Bot {self.token}":
+        # An interaction is answered with its own token in the URL, not the bot's.
+        needs_bot = route != "interaction_callback"
+        if needs_bot and request.headers.get("Authorization") != f"Bot {self.token}":
             return _json({"message": "401: Unauthorized", "code": 0}, 401)
         failure = next((f for f in self._failures if f.route == route), None)
         if failure is not None:
@@ -782,9 +870,11 @@ class FakeDiscord:
             self._nonces[nonce] = message
         if self._is_thread(channel_id):
             self._thread_members[channel_id].add(BOT_ID)  # posting in a thread joins it
+        message["components"] = _components(body.get("components"))
         self.posts.append(Post(channel_id, message["id"], content, nonce,
                                bool(body.get("enforce_nonce")),
-                               allowed_mentions=body.get("allowed_mentions")))
+                               allowed_mentions=body.get("allowed_mentions"),
+                               components=message["components"]))
         await self._dispatch_message(message)
         return _json(message)
 
@@ -837,6 +927,54 @@ class FakeDiscord:
             return _json({"message": "Unknown Emoji", "code": UNKNOWN_EMOJI}, 400)
         self.reactions.append(Reaction(channel_id, message_id, emoji))
         return web.Response(status=204)
+
+
+    async def _edit_message(self, request: web.Request) -> web.Response:
+        channel_id, message_id = request.match_info["channel"], request.match_info["message"]
+        message = self._messages.get(message_id)
+        if message is None or message["channel_id"] != channel_id:
+            return _json({"message": "Unknown Message", "code": UNKNOWN_MESSAGE}, 404)
+        if message["author"]["id"] != BOT_ID:
+            return _json({"message": "Cannot edit a message authored by another user",
+                          "code": 50005}, 403)
+        body = await request.json()
+        content = body.get("content")
+        if content is not None:
+            problem = _form_problem(str(content), None)
+            if problem is not None:
+                return _json(problem, 400)
+            message["content"] = str(content)
+        components = _components(body["components"]) if "components" in body else None
+        if components is not None:
+            message["components"] = components
+        message["edited_timestamp"] = _now()
+        self.edits.append(Edit(channel_id, message_id,
+                               None if content is None else str(content), components))
+        self._changed()
+        return _json(message)
+
+    async def _interaction_callback(self, request: web.Request) -> web.Response:
+        interaction_id = request.match_info["interaction"]
+        sent = self.interactions.get(interaction_id)
+        body = await request.json()
+        kind, data = int(body.get("type") or 0), body.get("data")
+        status, answer = 200, {"interaction": {"id": interaction_id, "type": 3}}
+        if sent is None or sent["token"] != request.match_info["token"]:
+            status, answer = 404, {"message": "Unknown interaction", "code": 10062}
+        elif interaction_id in self._answered:
+            status, answer = 400, {"message": "Interaction has already been acknowledged.",
+                                   "code": 40060}
+        else:
+            self._answered.add(interaction_id)
+            answer["interaction"]["response_message_ephemeral"] = bool(
+                isinstance(data, dict) and int(data.get("flags") or 0) & 64)
+        self.callbacks.append(Callback(interaction_id, kind,
+                                       data if isinstance(data, dict) else None, status))
+        return _json(answer, status)
+
+
+def _components(value: Any) -> list[JSON]:
+    return [row for row in value if isinstance(row, dict)] if isinstance(value, list) else []
 
 
 def _text_channel(channel_id: str, name: str, position: int) -> JSON:

@@ -14,10 +14,11 @@ Socket Mode client connects to the URL ``apps.connections.open`` returns
         slack.refuse_sockets = True                              # the websocket answers 503
         slack.silence()               # the current socket stays open but answers nothing
 
-Web API: ``auth.test``, ``apps.connections.open``, ``chat.postMessage``, ``chat.update``,
-``chat.getPermalink``, ``reactions.add``, ``conversations.replies``, ``users.info``. Every
-call is recorded in ``calls`` (method, token, arguments); a token other than ``bot_token``
-(``app_token`` for ``apps.connections.open``) is answered ``invalid_auth``, as Slack does (HTTP 200,
+Web API: ``auth.test``, ``apps.connections.open``, ``chat.postMessage`` (blocks kept),
+``chat.update``, ``chat.postEphemeral`` (kept in ``ephemerals``), ``chat.getPermalink``,
+``reactions.add``, ``conversations.replies``, ``users.info``. Every call is recorded in
+``calls`` (method, token, arguments); a token other than ``bot_token`` (``app_token`` for
+``apps.connections.open``) is answered ``invalid_auth``, as Slack does (HTTP 200,
 ``ok: false``). Posts are kept in ``posts``; by default each one is echoed back over the
 socket as a ``message`` event from the bot, as Slack does for an app subscribed to
 ``message.channels``, so the bot's self-filter is exercised.
@@ -30,6 +31,10 @@ subscribes to both. An envelope not acked within ``ack_timeout_s`` is sent again
 ``envelope_id``); an attempt made while no socket is open is lost, as on real Slack. Acks
 land in ``acked`` and, with their time, in ``acks``.
 
+Buttons: :meth:`press_button` sends a ``block_actions`` payload (the button's own value, or a
+forged team / app / value) in an ``interactive`` envelope, retried like an event until acked;
+:meth:`replay` sends an envelope again; ``lose_acks`` drops the socket as the next ack arrives
+(the ack is lost, the press is sent again on the next socket).
 Liveness: the fake answers websocket pings itself (``pongs`` counts them) until
 :meth:`FakeSlack.silence` makes the current socket a ghost — open, but answering no ping and
 carrying no envelope (an attempt meant for it is lost, as on a dead connection Slack still
@@ -84,6 +89,17 @@ class Post:
     ts: str
     thread_ts: str | None
     at: float
+    blocks: list[dict[str, Any]] | None = None  # Block Kit blocks (buttons), if any
+
+
+@dataclass(frozen=True)
+class Ephemeral:
+    """A message only one person sees (``chat.postEphemeral``)."""
+
+    channel: str
+    user: str
+    text: str
+    thread_ts: str | None
 
 
 @dataclass(frozen=True)
@@ -121,6 +137,7 @@ class _Envelope:
     payload: dict[str, Any]
     event_ts: str | None
     acked: asyncio.Event = field(default_factory=asyncio.Event)
+    kind: str = "events_api"  # or "interactive" (a button press)
 
 
 class FakeSlack:
@@ -148,6 +165,9 @@ class FakeSlack:
         self.calls: list[ApiCall] = []
         self.posts: list[Post] = []
         self.updates: list[dict[str, Any]] = []
+        self.ephemerals: list[Ephemeral] = []
+        self.lost_acks: list[str] = []  # envelope ids whose ack was lost
+        self.lose_acks = 0  # the next N acks are lost: the socket drops as they arrive
         self.reactions: list[tuple[str, str, str]] = []  # (channel, ts, name)
         self.acks: list[Ack] = []
         self.acked: set[str] = set()
@@ -340,6 +360,7 @@ class FakeSlack:
             "apps.connections.open": self._connections_open,
             "chat.postMessage": self._post_message,
             "chat.update": self._update,
+            "chat.postEphemeral": self._post_ephemeral,
             "chat.getPermalink": self._permalink,
             "reactions.add": self._reactions_add,
             "conversations.replies": self._replies,
@@ -376,6 +397,7 @@ class FakeSlack:
             "team_id": self.team_id,
             "user_id": self.bot_user_id,
             "bot_id": self.bot_id,
+            "app_id": APP_ID,
             "is_enterprise_install": False,
         }
 
@@ -393,7 +415,8 @@ class FakeSlack:
             return {"ok": False, "error": "no_text"}
         thread_ts = args.get("thread_ts") or None
         ts = self._next_ts()
-        self.posts.append(Post(channel, text, ts, thread_ts, time.monotonic()))
+        self.posts.append(Post(channel, text, ts, thread_ts, time.monotonic(),
+                               _blocks(args.get("blocks"))))
         message = {
             "type": "message",
             "user": self.bot_user_id,
@@ -421,9 +444,21 @@ class FakeSlack:
         for post in self.posts:
             if post.ts == ts and post.channel == args.get("channel"):
                 post.text = str(args.get("text", ""))
+                if "blocks" in args:
+                    post.blocks = _blocks(args.get("blocks"))
                 self.updates.append(args)
                 return {"ok": True, "channel": post.channel, "ts": ts, "text": post.text}
         return {"ok": False, "error": "message_not_found"}
+
+    def _post_ephemeral(self, args: dict[str, Any]) -> dict[str, Any]:
+        channel, user = str(args.get("channel", "")), str(args.get("user", ""))
+        if not channel or not user:
+            return {"ok": False, "error": "channel_not_found" if not channel else "user_not_found"}
+        text = str(args.get("text", ""))
+        if not text:
+            return {"ok": False, "error": "no_text"}
+        self.ephemerals.append(Ephemeral(channel, user, text, args.get("thread_ts") or None))
+        return {"ok": True, "message_ts": self._next_ts()}
 
     def _reactions_add(self, args: dict[str, Any]) -> dict[str, Any]:
         key = (str(args.get("channel")), str(args.get("timestamp")), str(args.get("name")))
@@ -490,6 +525,14 @@ class FakeSlack:
         envelope_id = frame.get("envelope_id") if isinstance(frame, dict) else None
         if not isinstance(envelope_id, str):
             return
+        if self.lose_acks > 0:  # the socket drops with the ack on it: Slack never sees it
+            self.lose_acks -= 1
+            self.lost_acks.append(envelope_id)
+            ws = self._current_socket()
+            if ws is not None:
+                self._spawn(ws.close(code=1011, message=b"dropped by the test"))
+            self._change()
+            return
         self.acks.append(Ack(envelope_id, time.monotonic(), frame.get("payload")))
         self.acked.add(envelope_id)
         envelope = self.envelopes.get(envelope_id)
@@ -551,6 +594,60 @@ class FakeSlack:
         self._send_event(dict(message, channel_type="channel"), ts)
         return ts
 
+    def press_button(
+        self, user: str, message_ts: str, action_id: str, value: str | None = None, *,
+        team_id: str | None = None, app_id: str | None = None,
+    ) -> str:
+        """A user presses a button of the bot's message ``message_ts``: a ``block_actions``
+        payload in an ``interactive`` envelope, as Slack sends it over Socket Mode (unacked,
+        it is sent again like an event). ``value`` defaults to the button's own; another
+        ``team_id`` / ``app_id`` forges the press. Returns the envelope id."""
+        post = next(p for p in self.posts if p.ts == message_ts)
+        button = next((element for block in post.blocks or [] if block.get("type") == "actions"
+                       for element in block.get("elements", [])
+                       if element.get("action_id") == action_id), {})
+        team = team_id or self.team_id
+        container: dict[str, Any] = {"type": "message", "message_ts": post.ts,
+                                     "channel_id": post.channel, "is_ephemeral": False}
+        message: dict[str, Any] = {"type": "message", "user": self.bot_user_id,
+                                   "bot_id": self.bot_id, "text": post.text, "ts": post.ts,
+                                   "blocks": post.blocks or []}
+        if post.thread_ts:
+            container["thread_ts"] = message["thread_ts"] = post.thread_ts
+        payload = {
+            "type": "block_actions",
+            "user": {"id": user, "username": user.lower(), "name": user.lower(),
+                     "team_id": team},
+            "api_app_id": app_id or APP_ID,
+            "token": "verification-token-unused",
+            "container": container,
+            "trigger_id": f"{next(self._ts)}.{uuid.uuid4().hex[:12]}",
+            "team": {"id": team, "domain": "fake"},
+            "enterprise": None,
+            "is_enterprise_install": False,
+            "channel": {"id": post.channel, "name": post.channel.lower()},
+            "message": message,
+            "state": {"values": {}},
+            "response_url": f"http://127.0.0.1:{self._port}/hooks/actions/{uuid.uuid4().hex}",
+            "actions": [{
+                "action_id": action_id, "block_id": "bothy_question",
+                "text": button.get("text", {"type": "plain_text", "text": action_id}),
+                "value": value if value is not None else button.get("value", ""),
+                "style": button.get("style"), "type": "button",
+                "action_ts": f"{time.time():.6f}",
+            }],
+        }
+        envelope = _Envelope(str(uuid.uuid4()), payload, None, kind="interactive")
+        self.envelopes[envelope.envelope_id] = envelope
+        self._spawn(self._deliver(envelope))
+        return envelope.envelope_id
+
+    def replay(self, envelope_id: str) -> None:
+        """Send an envelope again, acked or not (a press Slack delivers twice)."""
+        envelope = self.envelopes[envelope_id]
+        envelope.acked = asyncio.Event()
+        self._spawn(self._deliver(envelope))
+
     def send_event(self, event: dict[str, Any]) -> str:
         """Any other event (e.g. ``reaction_added``). Returns the envelope id."""
         return self._send_event(event, None)
@@ -608,7 +705,7 @@ class FakeSlack:
             ws = self._current_socket()
             frame = {
                 "envelope_id": envelope.envelope_id,
-                "type": "events_api",
+                "type": envelope.kind,
                 "accepts_response_payload": False,
                 "retry_attempt": attempt,
                 "retry_reason": "timeout" if attempt else "",
@@ -643,6 +740,13 @@ async def _arguments(request: web.Request) -> dict[str, Any]:
         else:
             args.update(dict(await request.post()))
     return args
+
+
+def _blocks(value: Any) -> list[dict[str, Any]] | None:
+    """Blocks as a client sends them: a JSON list, or that list as a string (form posts)."""
+    if isinstance(value, str):
+        value = json.loads(value)
+    return value if isinstance(value, list) else None
 
 
 def _bearer(request: web.Request) -> str | None:
