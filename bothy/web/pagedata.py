@@ -15,7 +15,7 @@ import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from bothy.clock import from_us, to_us
@@ -26,6 +26,9 @@ from bothy.status import collect_status, status_view
 from bothy.trace import build_spans
 from bothy.web.charts import plan_chart, spend_chart, waterfall
 from bothy.web.register import RegisterView
+
+if TYPE_CHECKING:
+    from bothy.engine.audit import AuditRecord
 
 __all__ = ["FILTERS", "BadFilter", "PageData", "RunFilter"]
 
@@ -161,16 +164,13 @@ class PageData:
     def run(self, run_id: str) -> dict[str, Any] | None:
         """One run: its row, its register lines, its spans drawn as a waterfall, its answer and
         its task in Cairn; None if neither the state nor the register knows it."""
-        from bothy.commands.operate import run_records  # `bothy audit --run`'s own reader
-        from bothy.engine.audit import AuditLog
-
         zone = ZoneInfo(status_view(self._home).timezone)
         with self._db() as db:
             row = None if db is None else db.execute(
                 "SELECT seq, run_id, subject, source, status, outcome, spent_micros,"
                 " reserved_micros, admitted_us, started_us, finished_us, reason, final_text,"
                 " model, tokens FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        records = run_records(AuditLog(self._home.audit_path), run_id)
+        records = self._records(run_id)
         if row is None and not records:
             return None
         spans = build_spans(run_id, records)
@@ -203,6 +203,13 @@ class PageData:
                 "cairn_ref": page["cairn_ref"],
                 "register": [r["line"] for r in page["records"]],
                 "trace": otlp_request(run_id, page["spans"], version=__version__)}
+
+    def _records(self, run_id: str) -> list[AuditRecord]:
+        """The run's records, its wake's first, as ``bothy audit --run`` reads them."""
+        from bothy.commands.operate import run_records  # its one reader
+        from bothy.engine.audit import AuditLog
+
+        return run_records(AuditLog(self._home.audit_path), run_id)
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection | None]:
