@@ -49,6 +49,8 @@ class BadFilter:
 
 @dataclass(frozen=True)
 class RunFilter:
+    """Which runs the runs page lists: an outcome (or queued, running), a lane, older than."""
+
     outcome: str | None = None
     lane: str | None = None
     before: int | None = None  # show runs older than this seq (the "older" link)
