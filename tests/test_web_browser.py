@@ -249,7 +249,7 @@ def test_the_overview_shows_what_bothy_status_json_says(
 ) -> None:
     """Every figure of the overview is `bothy status --json`'s: serve, chat, pool, lanes and
     their queues, held questions, spend against the ceiling (and its chart), schedules; the
-    register's head is `bothy audit head`'s."""
+    register's head is `bothy audit head`'s; the page reloads itself and holds no script."""
     page.get(f"{built.base}/bothy/")
     status = json.loads(built.bothy("status", "--json"))
     head = json.loads(built.bothy("audit", "head", "--json"))
@@ -276,6 +276,9 @@ def test_the_overview_shows_what_bothy_status_json_says(
     assert _text(page, "#schedules .next-fire") == schedule["next_fire"]
     assert _text(page, "#register-seq") == str(head["seq"])
     assert _text(page, "#register-hash") == head["hash"]
+    refresh = page.find_element(By.CSS_SELECTOR, 'meta[http-equiv="refresh"]')
+    assert refresh.get_attribute("content") == "15"  # it reloads itself, with no script
+    assert page.execute_script("return document.scripts.length") == 0
 
 
 def test_the_runs_page_lists_and_filters_the_runs(
