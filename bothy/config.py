@@ -508,16 +508,23 @@ class SlackConfig(_Section):
     allowed_users: list[str] = Field(default_factory=list)  # Slack user ids (U…)
     alert_channel: str | None = None
     profile: str | None = None  # what chat runs may use; its question_hold_seconds applies
+    # Heard nothing (no event, no answered ping) this long: reconnect (bothy/chat/liveness.py).
+    # Bothy pings every quarter of it (at most every 5 s).
+    silent_after_s: float = Field(default=120.0, ge=2, le=3600)
 
 
 class DiscordConfig(_Section):
     """Discord over the gateway: the token comes from the environment."""
 
     token_env: str = "DISCORD_BOT_TOKEN"
+    api_url: str | None = None  # the REST base URL of one-shot posts; only tests point it elsewhere
     message_content_intent: bool = True  # needed to read replies that do not mention the bot
     allowed_users: list[str] = Field(default_factory=list)  # Discord user ids
     alert_channel: str | None = None
     profile: str | None = None  # what chat runs may use; its question_hold_seconds applies
+    # Heard nothing (no event, no heartbeat ACK) this long: reconnect. Keep it well above
+    # Discord's heartbeat interval (about 41 s).
+    silent_after_s: float = Field(default=120.0, ge=2, le=3600)
 
 
 class ChatConfig(_Section):
@@ -525,6 +532,7 @@ class ChatConfig(_Section):
 
     slack: SlackConfig | None = None
     discord: DiscordConfig | None = None
+    alert_timeout_s: float = Field(default=10.0, gt=0, le=120)  # a command's one-shot alert post
 
 
 class Config(_Section):
@@ -543,6 +551,7 @@ class Config(_Section):
     pollers: dict[str, PollerConfig] = Field(default_factory=dict)
     wakes: WakesConfig = Field(default_factory=WakesConfig)
     chat: ChatConfig = Field(default_factory=ChatConfig)
+    secrets_file: Path | None = None  # 0600 NAME=value file read when a variable is not set
     web: WebConfig = Field(default_factory=WebConfig)
 
     @field_validator("site")
@@ -569,6 +578,16 @@ class Config(_Section):
                 raise ValueError(f"pollers.{name}.job.profile {poller.job.profile!r} is not"
                                  f" defined in profiles (defined: {defined})")
         return pollers
+
+    @field_validator("secrets_file")
+    @classmethod
+    def _secrets_file_absolute(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
+        value = value.expanduser()
+        if not value.is_absolute():
+            raise ValueError("expected an absolute path, e.g. \"/home/me/.bothy/service.env\"")
+        return value
 
     # The rules that span sections, one validator each, run in this order.
 

@@ -3,7 +3,8 @@
 Start-up, in order: single-instance lock → state → audit → recovery (orphaned worker groups
 ended, wakes that never started queued again, wakes whose run was under way closed) →
 listeners → dispatcher → schedules (a fire missed while down is queued once, then the timers
-start). Shutdown runs in reverse: stop intake (listeners, the schedule timers, then the
+start); while ready, the register's head is published once a day (engine/headpublisher.py).
+Shutdown runs in reverse: stop intake (listeners, the schedule timers, then the
 dispatcher's intake) → let in-flight runs finish within ``wakes.shutdown_grace_s`` → ask them
 to stop (they interrupt, settle and reap their groups) → cancel what is left → final audit
 record. A second signal skips the waits. Signal handlers only record; the main task acts.
@@ -21,9 +22,9 @@ import fcntl
 import json
 import os
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
 
 import httpx
 
@@ -31,9 +32,11 @@ from bothy.atomicfile import write_atomically
 from bothy.chat.base import ChatAdapter
 from bothy.chat.conversation import SOURCE as CHAT_SOURCE
 from bothy.chat.conversation import Conversations
+from bothy.chat.liveness import ConnectionView, Liveness, Watched
 from bothy.chat.router import ChatRouter
 from bothy.config import Config
 from bothy.engine.audit import AuditLog
+from bothy.engine.headpublisher import HeadPublisher
 from bothy.engine.procgroup import process_start_time
 from bothy.engine.questions import QuestionBoard
 from bothy.errors import AuditIntegrityError, BothyError, ConfigError, TemporaryFailure
@@ -85,6 +88,8 @@ class Daemon:
         self._hurry = asyncio.Event()
         self.ports: dict[str, int] = {}
         self.chat_state: dict[str, str] = {}
+        self._alerts_routed = False  # an alert channel is configured and connected
+        self._chat_heard: dict[str, dict[str, Any]] = {}
         self._web: StatusSite | None = None
 
     async def serve(self) -> int:
@@ -138,11 +143,16 @@ class Daemon:
         polls_stop = asyncio.Event()
         async with asyncio.TaskGroup() as group, _http_client(self._cfg) as http:
             intake = group.create_task(dispatcher.run(), name="dispatcher")
+            if chat is not None:
+                group.create_task(chat.watch(rt), name="chat liveness")
             for name, spec in self._cfg.pollers.items():
                 one = Poller(name, spec, inbox=inbox, db=rt.db, audit=rt.audit, clock=rt.clock,
                              http=http, environ=os.environ, cwd=self._cfg.workspace,
                              on_accepted=dispatcher.poke, alerts=rt.alerts)
                 group.create_task(_keep_polling(one, polls_stop, rt), name=f"poll-{name}")
+            heads = HeadPublisher(rt.audit, rt.alerts, post_heads=self._alerts_routed,
+                                  zone=ZoneInfo(self._cfg.budget.timezone), clock=rt.clock)
+            group.create_task(heads.run(polls_stop), name="audit-head")
             await self._stop.wait()
             self.state = State.DRAINING
             for listener in listeners:
@@ -190,8 +200,16 @@ class Daemon:
             path.unlink(missing_ok=True)
             return
         record = {"pid": os.getpid(), "pid_start": process_start_time(os.getpid()),
-                  "state": state, "ports": self.ports, "chat": self.chat_state}
+                  "state": state, "ports": self.ports, "chat": self.chat_state,
+                  "chat_heard": self._chat_heard}
         write_atomically(path, json.dumps(record).encode())
+
+    async def _publish_chat(self, views: Mapping[str, ConnectionView]) -> None:
+        """What the chat liveness watch sees, for `bothy status` (while ready)."""
+        self.chat_state = {name: view.state for name, view in views.items()}
+        self._chat_heard = {name: view.published() for name, view in views.items()}
+        if self.state is State.READY:
+            await asyncio.to_thread(self._publish, State.READY.value)
 
     async def _chat(
         self, rt: Runtime, inbox: Inbox, dispatcher: Dispatcher,
@@ -200,16 +218,20 @@ class Daemon:
         """Connect the configured chat platforms (after the listeners, before readiness); their
         conversations take the chat wakes, and alerts go to their alert channel if one is set."""
         adapters: dict[str, ChatAdapter] = {}
+        watched: dict[str, Watched] = {}
+        silent_after_s: dict[str, float] = {}
         if self._cfg.chat.slack is not None:
             from bothy.chat.slack import SlackAdapter
 
-            adapters["slack"] = SlackAdapter(self._cfg.chat.slack,
-                                             **self._adapter_options.get("slack", {}))
+            adapters["slack"] = watched["slack"] = SlackAdapter(
+                self._cfg.chat.slack, **self._adapter_options.get("slack", {}))
+            silent_after_s["slack"] = self._cfg.chat.slack.silent_after_s
         if self._cfg.chat.discord is not None:
             from bothy.chat.discord import DiscordAdapter
 
-            adapters["discord"] = DiscordAdapter(self._cfg.chat.discord,
-                                                 **self._adapter_options.get("discord", {}))
+            adapters["discord"] = watched["discord"] = DiscordAdapter(
+                self._cfg.chat.discord, **self._adapter_options.get("discord", {}))
+            silent_after_s["discord"] = self._cfg.chat.discord.silent_after_s
         if not adapters:
             return None
         conversations = Conversations(self._cfg, adapters, db=rt.db, audit=rt.audit,
@@ -233,11 +255,18 @@ class Daemon:
             for listener in listeners:
                 await listener.stop()
             raise
+        for name, adapter in watched.items():
+            self._chat_heard[name] = ConnectionView(
+                "connected", silent_after_s[name], connected_at=adapter.heard().connected_at,
+            ).published()
         dispatcher.add_handler(CHAT_SOURCE, conversations)
         if any(s is not None and s.alert_channel
                for s in (self._cfg.chat.slack, self._cfg.chat.discord)):
             rt.alerts.route_to(router.post_alert)
-        return _Chat(router, adapters)
+            self._alerts_routed = True
+        liveness = Liveness(watched, silent_after_s, audit=rt.audit, alerts=rt.alerts,
+                            clock=rt.clock, publish=self._publish_chat)
+        return _Chat(router, adapters, liveness)
 
     async def _drain(self, dispatcher: Dispatcher) -> None:
         if await self._drained(dispatcher, self._cfg.wakes.shutdown_grace_s):
@@ -281,14 +310,36 @@ async def _keep_polling(poller: Poller, stop: asyncio.Event, rt: Runtime) -> Non
                               details={"reason": str(exc)})
 
 
-@dataclass(frozen=True)
 class _Chat:
-    """The connected chat platforms and the router their messages go to."""
+    """The connected chat platforms, the router their messages go to, and the watch on
+    whether each connection still hears its platform."""
 
-    router: ChatRouter
-    adapters: Mapping[str, ChatAdapter]
+    def __init__(self, router: ChatRouter, adapters: Mapping[str, ChatAdapter],
+                 liveness: Liveness | None = None) -> None:
+        self.router = router
+        self.adapters = adapters
+        self._liveness = liveness
+        self._watching: asyncio.Task[None] | None = None
+
+    async def watch(self, rt: Runtime) -> None:
+        """Run the liveness watch until :meth:`stop`; a watch whose audit fails is recorded
+        and ends (the daemon stays up, the connections as they are)."""
+        if self._liveness is None:
+            return
+        self._watching = asyncio.current_task()
+        try:
+            await self._liveness.run()
+        except* BothyError as group:
+            await rt.audit.record("chat", "watch-stopped", "failed", details={
+                "reason": "; ".join(str(exc) for exc in group.exceptions)[:300]})
 
     async def stop(self) -> None:
+        """End the watch first (a reconnect in flight is cancelled and closes what it
+        opened), then each connection, then the router."""
+        watching, self._watching = self._watching, None
+        if watching is not None and not watching.done():
+            watching.cancel()
+            await asyncio.wait({watching})
         for adapter in self.adapters.values():
             await adapter.stop()
         await self.router.close()

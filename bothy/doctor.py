@@ -1,7 +1,8 @@
 """``bothy doctor``: one line per check, then the count; non-zero on any failure (SPEC §10).
 
 The first eight lines are the product page's, in its order and with its labels
-(:data:`SEED_CHECKS`); further checks follow (:data:`MORE_CHECKS`), then
+(:data:`SEED_CHECKS`); rows one of them adds follow (``[warn] repaired at seq N`` for each
+repair of the register), then further checks (:data:`MORE_CHECKS`), then
 ``N passed, N warned, N failed``. Each check is a small function of the :class:`Scene` (the
 home, its configuration if valid, the worker's launch if codex was found) returning a
 :class:`Finding`; the table gives it its label. The eight always print: a check that needs
@@ -33,10 +34,12 @@ _MARK = {"ok": "[ok ]", "warn": "[warn]", "fail": "[fail]"}
 
 @dataclass(frozen=True)
 class Finding:
-    """What one check found: its status and the sentence after the label."""
+    """What one check found: its status and the sentence after the label; ``more``: rows of
+    their own it adds after the page's eight (a repair of the register: one per repair)."""
 
     status: Status
     detail: str
+    more: tuple[Check, ...] = ()
 
 
 def ok(detail: str) -> Finding:
@@ -113,7 +116,13 @@ async def run_doctor(home: BothyHome | None = None) -> DoctorReport:
     """Every check, in order: the page's eight, then the others."""
     scene = await asyncio.to_thread(_scene, home or BothyHome.from_env())
     checks: list[Check] = []
-    for name, check in (*SEED_CHECKS, *MORE_CHECKS):
+    added: list[Check] = []  # rows the page's eight add, printed after them
+    for name, check in SEED_CHECKS:
+        finding = await _safely(check, scene)
+        checks.append(Check(finding.status, name, finding.detail))
+        added.extend(finding.more)
+    checks.extend(added)
+    for name, check in MORE_CHECKS:
         finding = await _safely(check, scene)
         checks.append(Check(finding.status, name, finding.detail))
     return DoctorReport(checks, config_error=scene.cfg is None)
@@ -175,9 +184,13 @@ async def check_audit_chain(scene: Scene) -> Finding:
     if not report.ok:
         return fail(f"broken: {report.problem}")
     if report.repaired_at:
-        from bothy.commands.operate import repaired_at
+        from bothy.commands.operate import REPAIRED_DETAIL, repaired_at
 
-        return warn(f"{report.count} records verified; {repaired_at(report.repaired_at)}")
+        # The seed's row warns too: a repaired register never reads as untouched.
+        rows = tuple(Check("warn", repaired_at(seq), REPAIRED_DETAIL)
+                     for seq in report.repaired_at)
+        return Finding("warn", f"{report.count} records verified, across a repair (see below)",
+                       more=rows)
     return ok(f"{report.count} records verified")
 
 
@@ -371,6 +384,30 @@ async def check_budget_mode(scene: Scene) -> Finding:
     return ok(f"{head}: {seen}")
 
 
+async def check_chat_connections(scene: Scene) -> Finding:
+    """Each chat connection of the running `bothy serve`: its last event and last answered
+    ping; a warning when one is silent past its `silent_after_s` or is being reconnected."""
+    if missing := scene.needs_config():
+        return missing
+    assert scene.cfg is not None
+    chat = scene.cfg.chat
+    configured = [name for name, section in (("slack", chat.slack), ("discord", chat.discord))
+                  if section is not None]
+    if not configured:
+        return ok("none configured")
+    from bothy.status import chat_connections, connection_line
+
+    shown = await asyncio.to_thread(chat_connections, scene.home, scene.cfg.budget.timezone)
+    if shown is None:
+        return ok(f"{', '.join(configured)}: bothy serve is not running (nothing to check)")
+    troubled = [name for name, entry in shown.items() if entry["state"] != "connected"
+                or (entry["silent_s"] or 0) > (entry["silent_after_s"] or float("inf"))]
+    unseen = [name for name in configured if name not in shown]
+    detail = "; ".join([connection_line(name, entry) for name, entry in shown.items()]
+                       + [f"{name}: nothing published yet" for name in unseen])
+    return (warn if troubled else ok)(detail)
+
+
 MORE_CHECKS: tuple[tuple[str, CheckFn], ...] = (
     ("config valid", check_config),
     ("config private", check_config_private),
@@ -378,4 +415,5 @@ MORE_CHECKS: tuple[tuple[str, CheckFn], ...] = (
     ("codex home", check_codex_home),
     ("prices", check_prices),
     ("budget mode", check_budget_mode),
+    ("chat connections", check_chat_connections),
 )

@@ -91,12 +91,13 @@ def _collect(home: BothyHome, view: StatusView, now: datetime) -> dict[str, Any]
         "schedules": [],
         "serve": "not running",
         "chat": {},
+        "chat_connections": {},
         "budget_mode": view.budget_mode,
         "plan": {"ceiling_percent": view.plan_ceiling_percent,
                  "reserve_percent": view.plan_reserve_percent, "reserved_percent": 0,
                  "windows": []},
     }
-    _serve(home, report)
+    _serve(home, report, now)
     if not home.db_path.exists():
         return report
     zone = ZoneInfo(view.timezone)
@@ -238,18 +239,85 @@ def _running(row: sqlite3.Row, now_us: int) -> dict[str, Any]:
     }
 
 
-def _serve(home: BothyHome, report: dict[str, Any]) -> None:
+def _serve(home: BothyHome, report: dict[str, Any], now: datetime) -> None:
     """The daemon's published state, if its process is still the one that wrote it."""
-    try:
-        published = json.loads((home.state_dir / "serve.json").read_text())
-        pid = int(published["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
+    published = _published(home)
+    if published is None:
         return
+    pid = int(published["pid"])
     if not _same_process(pid, published.get("pid_start")):
         report["serve"] = f"not running (pid {pid} is gone: it did not stop cleanly)"
         return
     report["serve"] = f"{published.get('state', '?')} (pid {pid}, ports {published.get('ports')})"
     report["chat"] = published.get("chat") or {}
+    report["chat_connections"] = _connections(published, now, ZoneInfo(report["timezone"]))
+
+
+def _published(home: BothyHome) -> dict[str, Any] | None:
+    try:
+        published = json.loads((home.state_dir / "serve.json").read_text())
+        int(published["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return published if isinstance(published, dict) else None
+
+
+def chat_connections(home: BothyHome, zone: str) -> dict[str, dict[str, Any]] | None:
+    """Each chat connection of the running ``bothy serve`` as status shows it (what it last
+    heard, how long it has been silent); None when no daemon is running."""
+    published = _published(home)
+    if published is None or not _same_process(int(published["pid"]),
+                                              published.get("pid_start")):
+        return None
+    return _connections(published, utc_now(), ZoneInfo(zone))
+
+
+def _connections(
+    published: dict[str, Any], now: datetime, zone: ZoneInfo
+) -> dict[str, dict[str, Any]]:
+    """What the daemon's liveness watch published (bothy/chat/liveness.py), aged to ``now``."""
+    heard = published.get("chat_heard")
+    if not isinstance(heard, dict):
+        return {}
+    now_us = to_us(now)
+    shown: dict[str, dict[str, Any]] = {}
+    for name, view in heard.items():
+        if not isinstance(view, dict):
+            continue
+        times = {key: view.get(f"{key}_at_us") for key in ("connected", "last_event",
+                                                           "last_ping")}
+        known = [t for t in times.values() if isinstance(t, int)]
+        entry: dict[str, Any] = {"state": view.get("state", "?")}
+        for key, micros in times.items():
+            known_at = micros if isinstance(micros, int) else None
+            entry[f"{key}_at"] = _local(known_at, zone)
+            entry[f"{key}_s_ago"] = (None if known_at is None
+                                     else round((now_us - known_at) / 1e6))
+        entry["silent_s"] = round((now_us - max(known)) / 1e6) if known else None
+        entry["silent_after_s"] = view.get("silent_after_s")
+        entry["reconnects"] = view.get("reconnects", 0)
+        entry["problem"] = view.get("problem")
+        shown[str(name)] = entry
+    return shown
+
+
+def connection_line(name: str, entry: dict[str, Any]) -> str:
+    """One chat connection for a person: ``slack: last event 3 s ago, last ping 1 s ago…``."""
+    def ago(key: str) -> str:
+        seconds = entry.get(f"{key}_s_ago")
+        return "never" if seconds is None else f"{seconds} s ago"
+
+    line = f"{name}: last event {ago('last_event')}, last ping {ago('last_ping')}"
+    if entry.get("connected_s_ago") is not None:
+        line += f", connected {ago('connected')}"
+    if entry.get("reconnects"):
+        line += f", reconnected {entry['reconnects']} time(s)"
+    bound, silent = entry.get("silent_after_s"), entry.get("silent_s")
+    if isinstance(bound, int | float) and isinstance(silent, int) and silent > bound:
+        line += f"; silent {silent} s (reconnected after {bound:g} s)"
+    if entry.get("problem"):
+        line += f"; {entry['state']}: {entry['problem']}"
+    return line
 
 
 def _same_process(pid: int, start: object) -> bool:
@@ -299,6 +367,8 @@ def render_status(report: dict[str, Any]) -> str:
     chat = report["chat"]
     shown = ", ".join(f"{name} {state}" for name, state in chat.items()) or "none"
     lines.append(f"chat connections: {shown}")
+    for name, entry in report["chat_connections"].items():
+        lines.append("  " + connection_line(name, entry))
     return "\n".join(lines)
 
 

@@ -107,3 +107,30 @@ def _codex_traffic_matches_schema(
         if problems:
             pytest.fail("traffic breaks codex's schema:\n  " + "\n  ".join(problems[:20]),
                         pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def discord_certificates(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A throwaway CA and a certificate for Discord's hosts, made once per session."""
+    from tests.fakes.discord import Certificates
+
+    return Certificates.create(Path(tmp_path_factory.mktemp("discord-tls")))
+
+
+@pytest.fixture
+async def discord_network(tmp_path_factory: pytest.TempPathFactory,
+                          discord_certificates: Any) -> Any:
+    """A fake Discord that `bothy` subprocesses reach at discord.com & co, from a network
+    namespace (tests/fakes/netns.py); skipped, with the reason, where there can be none.
+    ``await discord_network.attach(site, ports=[server.port])`` runs the site's commands there."""
+    from tests.fakes.netns import NamespaceUnavailable, open_discord_network
+
+    opened = open_discord_network(tmp_path_factory.mktemp("netns"), discord_certificates)
+    try:
+        network = await opened.__aenter__()
+    except NamespaceUnavailable as exc:
+        pytest.skip(f"no network namespace for a Discord serve subprocess: {exc}")
+    try:
+        yield network
+    finally:
+        await opened.__aexit__(None, None, None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from bothy.engine.alerts import Alerts
+from bothy.engine.alerts import Alert, Alerts
 from bothy.engine.audit import AuditLog
 
 
@@ -32,22 +32,26 @@ async def test_an_alert_with_no_route_is_audited_as_undelivered(tmp_path: Path) 
 
 
 async def test_an_alert_goes_to_its_route_once_within_the_window(tmp_path: Path) -> None:
-    """The text names level, site and subject; a repeat is folded until the window passes."""
+    """The text names level, site, what, why, the wake and the run; a repeat is folded until
+    the window passes."""
     log = AuditLog(tmp_path / "audit.jsonl")
     clock = _Clock()
     sent: list[str] = []
 
-    async def sink(text: str) -> str:
-        sent.append(text)
+    async def sink(alert: Alert) -> str:
+        sent.append(alert.text())
         return "slack:C-ALERTS"
 
     alerts = Alerts(log, site="acme-mini", clock=clock, repeat_after_s=600)
     alerts.route_to(sink)
-    await alerts.raise_alert("tool gmail.send", "needs a person", subject="run:pr:42")
-    await alerts.raise_alert("tool gmail.send", "needs a person", subject="run:pr:42")
+    for _ in range(2):
+        await alerts.raise_alert("tool gmail.send", "needs a person", subject="pr:42",
+                                 run_id="run_1")
     clock.now += timedelta(seconds=601)
-    await alerts.raise_alert("tool gmail.send", "needs a person", subject="run:pr:42")
-    assert sent == ["! **WARNING** `acme-mini` — run:pr:42: needs a person"] * 2
+    await alerts.raise_alert("tool gmail.send", "needs a person", subject="pr:42",
+                             run_id="run_1")
+    assert sent == ["! **WARNING** `acme-mini` — tool gmail.send: needs a person\n"
+                    "wake `pr:42` · run `run_1`"] * 2
     assert _events(log) == [("alert", "sent", "ok"), ("alert", "suppressed", "ok"),
                             ("alert", "sent", "ok")]
 
@@ -56,7 +60,7 @@ async def test_a_failing_route_is_audited_as_undelivered(tmp_path: Path) -> None
     """A route that fails does not lose the alert silently."""
     log = AuditLog(tmp_path / "audit.jsonl")
 
-    async def broken(text: str) -> str:
+    async def broken(alert: Alert) -> str:
         raise ConnectionError("slack is down")
 
     alerts = Alerts(log, site="acme-mini", clock=_Clock())

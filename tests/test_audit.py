@@ -5,6 +5,7 @@ Real files in tmp_path; real processes for the concurrency proof.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import hashlib
 import itertools
@@ -537,3 +538,62 @@ def test_records_filter_by_run_and_since(tmp_path: Path) -> None:
     ]
     with pytest.raises(ValueError, match="aware"):
         list(log.records(since=datetime(2026, 1, 1)))
+
+
+async def test_concurrent_writers_of_every_kind_keep_one_chain_in_seq_order(
+    tmp_path: Path,
+) -> None:
+    """Sixteen coroutines sharing group commits, two threads and two processes appending at
+    once: `bothy audit verify` passes, seq runs 1..N in file order, every caller's record is
+    the one on disk, and each writer's records are in the order it wrote them."""
+    from tests.fakes.site import Site
+
+    site = Site(tmp_path, "http://127.0.0.1:9/v1")  # nothing here runs a model
+    path, per_writer = site.audit_path, 40
+    log = AuditLog(path, events=_FORMAT_EVENTS)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    processes = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _WRITER, str(path), f"p{n}", str(per_writer),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env)
+        for n in range(2)
+    ]
+
+    async def coroutine(name: str) -> list[AuditRecord]:
+        return [await log.record("test", "written", "ok", subject=f"writer:{name}",
+                                 details={"i": i}) for i in range(per_writer)]
+
+    def thread(name: str) -> list[AuditRecord]:
+        return [log.append("test", "written", "ok", subject=f"writer:{name}", details={"i": i})
+                for i in range(per_writer)]
+
+    try:
+        async with asyncio.timeout(30):
+            for process in processes:
+                assert process.stdout is not None
+                assert await process.stdout.readline() == b"ready\n"
+            for process in processes:
+                assert process.stdin is not None
+                process.stdin.write(b"go\n")
+                process.stdin.close()
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                threads = [pool.submit(thread, f"t{n}") for n in range(2)]
+                returned = await asyncio.gather(*(coroutine(f"c{n}") for n in range(16)))
+                returned += [await asyncio.wrap_future(future) for future in threads]
+            assert [await process.wait() for process in processes] == [0, 0]
+    finally:
+        for process in processes:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+
+    verify = await site.bothy("audit", "verify")
+    assert verify.code == 0, verify.stdout + verify.stderr
+    records = list(AuditLog(path).records())
+    writers = [f"c{n}" for n in range(16)] + ["t0", "t1", "p0", "p1"]
+    assert [r.seq for r in records] == list(range(1, len(writers) * per_writer + 1))
+    on_disk = {r.seq: r.hash for r in records}
+    assert all(on_disk[r.seq] == r.hash for mine in returned for r in mine)
+    for name in writers:
+        assert [r.details["i"] for r in records if r.subject == f"writer:{name}"] == list(
+            range(per_writer))

@@ -17,6 +17,7 @@ from bothy.engine.audit import AuditLog
 from bothy.engine.auditrecord import body_of
 from tests.fakes.shell import Shell, until
 from tests.fakes.site import Site
+from tests.test_doctor import checks
 
 _NO_MODEL = "http://127.0.0.1:9/v1"  # nothing here runs a model
 
@@ -190,7 +191,13 @@ async def test_repair_keeps_the_broken_file_and_the_register_says_so_from_then_o
         " (the kept file is named in that record)",
     ]
     doctor = await site.bothy("doctor")
-    assert "[warn] audit chain intact: 4 records verified; repaired at seq 3" in doctor.stdout
+    found = checks(doctor)  # the page's eight first, every row in the table's shape, the count
+    assert found["repaired at seq 3"][0] == "warn"
+    shown = doctor.stdout.splitlines()
+    assert shown[1] == "[warn] audit chain intact: 4 records verified, across a repair (see below)"
+    assert shown[8] == (  # the first row after the page's eight, in the table's shape
+        "[warn] repaired at seq 3: records before it were set aside by 'bothy audit repair'"
+        " (the kept file is named in that record)"), doctor.stdout
     listed = await site.bothy("audit")
     assert [line.split()[0] for line in listed.stdout.splitlines()] == [
         "0001", "0002", "0003", "0004"]

@@ -23,7 +23,14 @@ from bothy.config import ProfileConfig
 from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog, AuditRecord
 from bothy.engine.checklist import MAX_ITEM_CHARS, Checklist
-from bothy.engine.questions import Answered, Delivered, Expired, Late, QuestionBoard
+from bothy.engine.questions import (
+    Answered,
+    ClosedQuestion,
+    Delivered,
+    Expired,
+    Late,
+    QuestionBoard,
+)
 from bothy.engine.rpc import ServerRequest
 from bothy.engine.state import StateDB
 from bothy.engine.toolbox import RunScope, Toolbox
@@ -411,14 +418,18 @@ def test_only_a_plain_yes_approves(text: str, approves: bool) -> None:
 async def test_a_hold_that_runs_out_is_a_timeout_and_a_later_answer_is_late(
     board: QuestionBoard, db: StateDB
 ) -> None:
-    """At the deadline the question is timed out, never answered; an answer after it is late."""
+    """At the deadline the question is timed out, never answered; an answer after it is late,
+    and names the question that expired."""
     question = await board.post(RUN, "approval", "bothy_checklist", "May I?", 1)
 
     ended = await board.wait(question, hold_s=0.2, should_stop=never_stop)
     late = await board.answer(RUN, "yes", "ada@shell")
 
     assert ended == Expired("timed_out", "no answer within 0.2 s")
-    assert late == Late(RUN)
+    assert late == Late(RUN, ClosedQuestion("May I?", "timed_out", hold_s=1.0))
+    assert late.expired is not None and late.expired.note() == (
+        "The question “May I?” had no answer within 1 s and was declined; the run went on"
+        " without it.")
     row = await db.fetch_one("SELECT status, answer FROM questions WHERE id = ?", (question,))
     assert row is not None and (row["status"], row["answer"]) == ("timed_out", None)
 

@@ -1,5 +1,6 @@
 """Chat: an adapter per platform (the protocol in ``base.py``), what a message means
-(``router.py``), and a conversation and its runs (``conversation.py``).
+(``router.py``), a conversation and its runs (``conversation.py``), and how text becomes a
+post on each platform, harmless (``formatting.py``).
 
 The names in ``__all__`` are its surface: what the other packages use, importable from the
 package itself (``from bothy.chat import X``). Each is loaded from its module on first use,
@@ -19,19 +20,33 @@ _SURFACE = {
     "Conversations": "bothy.chat.conversation",
     "SOURCE": "bothy.chat.conversation",
     "DiscordAdapter": "bothy.chat.discord",
+    "ConnectionView": "bothy.chat.liveness",
+    "Heard": "bothy.chat.liveness",
+    "Liveness": "bothy.chat.liveness",
+    "Watched": "bothy.chat.liveness",
+    "DISCORD_NO_PINGS": "bothy.chat.formatting",
+    "discord_markdown": "bothy.chat.formatting",
+    "slack_mrkdwn": "bothy.chat.formatting",
     "ChatRouter": "bothy.chat.router",
     "SlackAdapter": "bothy.chat.slack",
 }
 __all__ = [
+    "DISCORD_NO_PINGS",
     "SOURCE",
     "ChatAdapter",
     "ChatMessage",
     "ChatRouter",
+    "ConnectionView",
     "Conversations",
     "DiscordAdapter",
+    "Heard",
+    "Liveness",
     "OnLost",
     "OnMessage",
     "SlackAdapter",
+    "Watched",
+    "discord_markdown",
+    "slack_mrkdwn",
 ]
 
 

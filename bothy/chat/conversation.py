@@ -10,7 +10,8 @@ Every decision about a conversation's runs is made here, and nowhere else:
   reply is told what the run answered last;
 - remembering the thread's current run and last answer (the ``chat_threads`` table), so that
   replies find it across restarts;
-- asking: a run's questions are posted in the thread, and the answer waits for those posts;
+- asking: a run's questions are posted in the thread, and so is a question's expiry (a new
+  message); the answer waits for those posts;
 - delivering: the answer (never ``NO_REPLY``), or the outcome and why; a refusal is told in
   the thread, not retried; a run a crash cut short is announced there.
 
@@ -30,6 +31,7 @@ from bothy.chat.base import ChatAdapter, ChatMessage
 from bothy.clock import Clock, to_us
 from bothy.config import Config
 from bothy.engine.audit import AuditLog
+from bothy.engine.questions import APPROVAL_HINT
 from bothy.engine.run import NO_REPLY, RunRequest, RunResult
 from bothy.engine.state import RunRow, StateDB
 from bothy.errors import ChatError
@@ -39,7 +41,7 @@ from bothy.wakes.jobs import Ignored
 
 SOURCE = "chat"
 SEEN = "eyes"
-_ASKING = "Reply in this thread (yes or no for an approval)."
+_ASKING = "Reply in this thread."
 _INTERRUPTED = ("Bothy was restarted while it worked on this, and the run was stopped before"
                 " it finished. Mention me again to retry.")
 
@@ -256,9 +258,19 @@ class _ThreadQuestions:
         self._posts: set[asyncio.Task[None]] = set()
 
     def question(self, run_id: str, text: str) -> None:
+        self.ask(run_id, text, APPROVAL_HINT)
+
+    def ask(self, run_id: str, text: str, hint: str) -> None:
+        """Post the question (its options numbered) and how to answer it, in the thread."""
+        self._post(run_id, f"? {text}\n{hint} {_ASKING}")
+
+    def expired(self, run_id: str, text: str, hold_s: float) -> None:
+        """Say in the thread, in a new message, that the question went unanswered."""
+        self._post(run_id, expiry_note(hold_s))
+
+    def _post(self, run_id: str, text: str) -> None:
         task = asyncio.create_task(self._conversations.post(
-            self._message.platform, self._message.channel, self._thread,
-            f"? {text}\n{_ASKING}", run_id=run_id,
+            self._message.platform, self._message.channel, self._thread, text, run_id=run_id,
         ))
         self._posts.add(task)
         task.add_done_callback(self._posts.discard)
@@ -270,6 +282,11 @@ class _ThreadQuestions:
     def cancel(self) -> None:
         for task in self._posts:
             task.cancel()
+
+
+def expiry_note(hold_s: float) -> str:
+    """What the thread is told when its held question expires (issue 11)."""
+    return f"No answer within {hold_s:g} s — declined; the run goes on."
 
 
 def thread_key(platform: str, channel: str, thread: str) -> str:

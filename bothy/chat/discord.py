@@ -29,11 +29,18 @@ session cannot be resumed (op 9 ``d: false``) never reaches Bothy at all. Reconn
 resuming are discord.py's: a dropped socket, a resumable close code, op 7 or op 9 ``d: true``
 lead to a RESUME on READY's ``resume_gateway_url``, and Discord replays what was missed.
 
-Outgoing messages are split with :func:`split_text` at :data:`DISCORD_MAX_CHARS` and each
+Liveness (``bothy/chat/liveness.py`` watches it): :meth:`DiscordAdapter.heard` says when the
+gateway was last READY or RESUMED, when it last dispatched an event and when it last
+acknowledged a heartbeat (discord.py's debug events show both). :meth:`~DiscordAdapter.reconnect`
+first closes the socket with 4000, which discord.py answers by reconnecting with a RESUME
+(Discord replays what was missed); if nothing comes back, it starts a new client.
+
+Outgoing text goes through ``chat/formatting.py`` (:func:`discord_pieces`: ``@everyone`` and
+``@here`` defused, pieces of at most 2,000 characters) and each
 piece carries a fresh ``nonce`` with ``enforce_nonce`` (discord.py sends both): when discord.py
 retries a request whose response was lost (a 5xx), Discord returns the message it already made
-instead of posting it twice. Nothing the bot posts pings anyone (``AllowedMentions.none()``):
-an answer quoting ``@everyone`` stays text.
+instead of posting it twice. Nothing the bot posts pings anyone (``AllowedMentions.none()``,
+sent as ``{"parse": []}``): an answer quoting ``@everyone`` or ``<@id>`` stays text.
 
 No ``discord`` or ``aiohttp`` exception leaves this module (:func:`translate_error`): a refused
 token (401, close 4004) or a refused intent (4013, 4014) is :class:`ChatAuthError`, an
@@ -45,17 +52,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import re
 import secrets
+import time
 import warnings
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Literal
 
 import aiohttp
 
-from bothy.chat.base import DISCORD_MAX_CHARS, ChatMessage, OnLost, OnMessage, split_text
+from bothy.chat.base import ChatMessage, OnLost, OnMessage
+from bothy.chat.formatting import discord_pieces
+from bothy.chat.liveness import Heard
 from bothy.config import DiscordConfig
 from bothy.errors import ChatAuthError, ChatError, ChatUnavailable
 
@@ -79,11 +90,14 @@ _THREAD_NAME_MAX = 100  # contracts.md §3.4: 1–100 characters
 _THREAD_ARCHIVE_MIN: Literal[10080] = 10080  # a week: the thread stays listed while runs ask
 _NONCE_HEX_BYTES = 12  # 24 characters; Discord accepts at most 25
 _MAX_RATELIMIT_WAIT_S = 60.0  # a longer Retry-After is an error (ChatUnavailable), not a wait
-_NO_PINGS = discord.AllowedMentions.none()
+_NO_PINGS = discord.AllowedMentions.none()  # sent as formatting's DISCORD_NO_PINGS
 # The router names reactions as Slack does; Discord wants the character itself and answers a
 # bare name with 400 Unknown Emoji (code 10014).
 _EMOJI = {"eyes": "\N{EYES}"}
 _PERSON_MESSAGE_TYPES = (discord.MessageType.default, discord.MessageType.reply)
+_HEARTBEAT_ACK = 11  # gateway opcode
+_SHORT_FRAME = 128  # a heartbeat ACK is a few dozen characters; longer frames are not one
+_RESUMABLE_CLOSE = 4000  # a close discord.py answers by reconnecting and resuming
 
 _State = Literal["new", "starting", "ready", "stopping", "stopped"]
 
@@ -133,6 +147,11 @@ class DiscordAdapter:
         self._in_order = asyncio.Lock()  # one on_message at a time, in arrival order
         self._handlers: set[asyncio.Task[object]] = set()
         self._stopped = asyncio.Event()
+        self._token_value = ""
+        self._connected_at: float | None = None
+        self._last_event_at: float | None = None
+        self._last_ping_at: float | None = None
+        self._back = asyncio.Event()  # set by each READY or RESUMED
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -190,10 +209,15 @@ class DiscordAdapter:
             raise self._failure
 
     async def _start(self, on_message: OnMessage, on_lost: OnLost | None) -> None:
-        token = self._token()
+        self._token_value = self._token()
         self._on_message = on_message
         self._on_lost = on_lost
+        await self._connect()
+
+    async def _connect(self) -> None:
+        """A new client: log in, connect the gateway, return once READY."""
         self._ready = asyncio.get_running_loop().create_future()
+        self._failure = None
         self._client = client = _Gateway(
             intents=discord.Intents(guilds=True, guild_messages=True,
                                     message_content=self._cfg.message_content_intent),
@@ -202,9 +226,11 @@ class DiscordAdapter:
             heartbeat_timeout_s=self._heartbeat_timeout_s,
             on_ready=self._on_ready,
             on_message=self._receive,
+            on_frame=self._heard_frame,
+            on_event=self._heard_event,
         )
         with _boundary("log in to Discord"):
-            await client.login(token)
+            await client.login(self._token_value)
             assert client.user is not None  # login() sets it from GET /users/@me
             self._me = client.user.id
         self._mention = re.compile(rf"\s*<@!?{self._me}>\s*")
@@ -246,11 +272,26 @@ class DiscordAdapter:
                 _log.error("Discord: the connection ended: %s", failure)
 
     def _on_ready(self) -> None:
+        """READY (after IDENTIFY) or RESUMED: the gateway is back."""
+        self._connected_at = time.time()
+        self._back.set()
         if self._ready is not None and not self._ready.done():
             self._ready.set_result(None)
 
-    async def _shutdown(self) -> None:
-        client = self._client
+    def _heard_frame(self, frame: str) -> None:
+        """Every gateway frame (discord.py's debug event): notes heartbeat ACKs."""
+        if len(frame) > _SHORT_FRAME:
+            return
+        with contextlib.suppress(ValueError):
+            parsed = json.loads(frame)
+            if isinstance(parsed, dict) and parsed.get("op") == _HEARTBEAT_ACK:
+                self._last_ping_at = time.time()
+
+    def _heard_event(self) -> None:
+        self._last_event_at = time.time()
+
+    async def _close_client(self) -> None:
+        client, self._client = self._client, None
         if client is not None:
             try:
                 await client.close()
@@ -262,6 +303,9 @@ class DiscordAdapter:
             # reconnect backoff (which grows to minutes): do not wait for that.
             connection.cancel()
             await asyncio.wait({connection})
+
+    async def _shutdown(self) -> None:
+        await self._close_client()
         handlers = {task for task in self._handlers if not task.done()}
         if handlers:
             _, late = await asyncio.wait(handlers, timeout=self._stop_grace_s)
@@ -271,6 +315,58 @@ class DiscordAdapter:
                 task.cancel()
             if late:
                 await asyncio.wait(late)
+
+    # ---------------------------------------------------------------- liveness
+
+    def heard(self) -> Heard:
+        """When the gateway was last READY or RESUMED, last dispatched an event and last
+        acknowledged a heartbeat."""
+        return Heard(self._connected_at, self._last_event_at, self._last_ping_at)
+
+    async def probe(self) -> None:
+        """Nothing to do: discord.py heartbeats at the interval Discord sets (HELLO)."""
+
+    async def reconnect(self, *, within_s: float) -> None:
+        """A new gateway socket within ``within_s``: first one that RESUMEs the session
+        (Discord replays what was missed), in half the time; if none is back, a new client
+        (a new session: what Discord sent meanwhile is gone) in the rest.
+
+        Raises ChatAuthError for a refused token, ChatUnavailable when neither works."""
+        if self._state != "ready":
+            raise RuntimeError(f"DiscordAdapter.reconnect() called when {self._state}")
+        half_s = within_s / 2
+        if await self._resume(half_s):
+            _log.info("Discord: reconnected and resumed")
+            return
+        await self._close_client()
+        try:
+            async with asyncio.timeout(within_s - half_s):
+                await self._connect()
+        except BaseException as exc:
+            await self._close_client()
+            if isinstance(exc, TimeoutError):
+                raise ChatUnavailable(f"Cannot reconnect to Discord: not ready within "
+                                      f"{within_s:g} s", platform=PLATFORM) from None
+            raise
+        _log.info("Discord: reconnected with a new session")
+
+    async def _resume(self, within_s: float) -> bool:
+        """Close the gateway socket with 4000 and wait for RESUMED (or READY)."""
+        client = self._client
+        socket = None if client is None else client.ws
+        if socket is None:
+            return False
+        self._back.clear()
+        try:
+            async with asyncio.timeout(within_s):
+                await socket.close(code=_RESUMABLE_CLOSE)
+                await self._back.wait()
+        except TimeoutError:
+            return False
+        except Exception as exc:  # a socket that will not even close: start a new client
+            _log.warning("Discord: could not close the gateway socket: %r", exc)
+            return False
+        return True
 
     # ---------------------------------------------------------------- incoming
 
@@ -396,7 +492,7 @@ class DiscordAdapter:
         destination = client.get_partial_messageable(channel_id)
         sent: list[str] = []
         with _boundary(attempted):
-            for piece in split_text(text, DISCORD_MAX_CHARS):
+            for piece in discord_pieces(text):  # the one place text becomes a Discord post
                 message = await destination.send(
                     piece, nonce=secrets.token_hex(_NONCE_HEX_BYTES), allowed_mentions=_NO_PINGS)
                 sent.append(str(message.id))
@@ -424,6 +520,8 @@ class _Gateway(discord.Client):
         heartbeat_timeout_s: float,
         on_ready: Callable[[], None],
         on_message: Callable[[discord.Message], Awaitable[None]],
+        on_frame: Callable[[str], None],
+        on_event: Callable[[], None],
     ) -> None:
         super().__init__(
             intents=intents,
@@ -435,13 +533,28 @@ class _Gateway(discord.Client):
             member_cache_flags=discord.MemberCacheFlags.none(),
             max_ratelimit_timeout=_MAX_RATELIMIT_WAIT_S,
             allowed_mentions=_NO_PINGS,
+            enable_debug_events=True,  # on_socket_raw_receive: heartbeat ACKs, for liveness
         )
         self._ready_hook = on_ready
         self._message_hook = on_message
+        self._frame_hook = on_frame
+        self._event_hook = on_event
 
     async def on_ready(self) -> None:
         """Discord's READY and the guilds after it have arrived (again after a re-IDENTIFY)."""
         self._ready_hook()
+
+    async def on_resumed(self) -> None:
+        """RESUMED: the session goes on on a new socket."""
+        self._ready_hook()
+
+    async def on_socket_raw_receive(self, frame: str) -> None:
+        """Every frame the gateway sent, decompressed (a debug event)."""
+        self._frame_hook(frame)
+
+    async def on_socket_event_type(self, event_type: str) -> None:
+        """Every event the gateway dispatched (a debug event)."""
+        self._event_hook()
 
     async def on_message(self, message: discord.Message) -> None:
         """A MESSAGE_CREATE, in a task of its own."""

@@ -7,8 +7,9 @@
   runs it and answers in the thread.
 - A reply in a thread whose run holds a question answers it (``yes``/``no`` for approvals,
   free text for questions). A reply while the run works with nothing pending is recorded as
-  late and answered with a note. A reply after the run finished continues the conversation:
-  a new run in the same lane, told what it answered last.
+  late and answered with a note, naming the question that expired if one did. A reply after
+  the run finished continues the conversation: a new run in the same lane, told what it
+  answered last.
 - Anyone not on the allowlist is refused politely (a mention) or ignored (a reply); both are
   audited, and a held question stays pending.
 - A message an adapter took off a platform that will not send it again, but that could not be
@@ -25,7 +26,7 @@ from typing import Any
 from bothy.chat.base import ChatMessage
 from bothy.chat.conversation import Conversations, thread_key
 from bothy.config import ChatConfig
-from bothy.engine.alerts import Alerts
+from bothy.engine.alerts import Alert, Alerts, AlertThread
 from bothy.engine.audit import AuditLog
 from bothy.engine.questions import Delivered, QuestionBoard
 from bothy.engine.state import StateDB
@@ -67,12 +68,12 @@ class ChatRouter:
         section = self._cfg.slack if platform == "slack" else self._cfg.discord
         return section is not None and user in section.allowed_users
 
-    async def post_alert(self, text: str) -> str:
+    async def post_alert(self, alert: Alert) -> str:
         """Post an alert to the first configured alert channel; say where it went."""
         adapters = self._conversations.adapters
         for platform, section in (("slack", self._cfg.slack), ("discord", self._cfg.discord)):
             if section is not None and section.alert_channel and platform in adapters:
-                await adapters[platform].post_alert(section.alert_channel, text)
+                await adapters[platform].post_alert(section.alert_channel, alert.text())
                 return f"{platform}:{section.alert_channel}"
         raise ChatError("no connected platform has an alert channel", platform="-")
 
@@ -91,7 +92,8 @@ class ChatRouter:
         await self._alerts.raise_alert(
             f"chat message {message.platform}:{message.message_id}",
             f"a message from {message.platform}:{message.user} was lost before it was"
-            f" recorded ({reason}); ask them to send it again", subject=key)
+            f" recorded ({reason}); ask them to send it again", subject=key,
+            thread=AlertThread(message.platform, message.channel, message.thread))
 
     async def _mention(self, message: ChatMessage) -> None:
         if not self.allowed(message.platform, message.user):
@@ -126,9 +128,12 @@ class ChatRouter:
             return
         run = await self._db.run(run_id)
         if run is not None and run.status != "finished":
+            expired = answered.expired
             await self._audit.record("answer", "late", "ok", subject=key, run_id=run_id,
-                                     details={"by": by, "answer": message.text})
-            self._answer_later(message, _LATE)
+                                     details={"by": by, "answer": message.text,
+                                              "question": expired.text if expired else None})
+            self._answer_later(message, _LATE if expired is None
+                               else f"{expired.note()} Your reply was recorded as late.")
             return
         await self._enqueue(message, continued_from=state.last_answer)
 

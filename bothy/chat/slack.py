@@ -28,6 +28,12 @@ rate limits still hit after retries) is :class:`ChatUnavailable`, anything else
 :class:`ChatError`. Rate limits are retried after ``Retry-After`` by slack_sdk's
 ``AsyncRateLimitErrorRetryHandler``.
 
+Liveness (``bothy/chat/liveness.py`` watches it): :meth:`SlackAdapter.heard` says when the
+socket opened, when Slack last sent anything on it and when it last answered a ping;
+:meth:`~SlackAdapter.probe` pings it now; :meth:`~SlackAdapter.reconnect` closes the socket and
+only then opens a new one — never two at once, as Slack spreads events over every open
+connection and a stale one loses its share (research-next-wave.md E.3).
+
 Proxy note: slack_sdk reads ``HTTPS_PROXY``/``HTTP_PROXY`` (ignoring ``NO_PROXY``) for both the
 Web API and the socket (chat-testing.md pitfall 1).
 """
@@ -38,6 +44,7 @@ import asyncio
 import logging
 import os
 import re
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
@@ -53,13 +60,13 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bothy.chat.base import (
-    SLACK_MAX_CHARS,
     ChatAdapter,
     ChatMessage,
     OnLost,
     OnMessage,
-    split_text,
 )
+from bothy.chat.formatting import slack_pieces
+from bothy.chat.liveness import Heard, Watched
 from bothy.config import SlackConfig
 from bothy.errors import ChatAuthError, ChatError, ChatUnavailable
 
@@ -131,6 +138,9 @@ class SlackAdapter:
         self._inflight: dict[str, asyncio.Future[bool]] = {}
         self._done: OrderedDict[str, None] = OrderedDict()
         self._listeners: set[asyncio.Task[Any]] = set()
+        self._app_token = ""
+        self._connected_at: float | None = None
+        self._last_event_at: float | None = None
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -173,27 +183,82 @@ class SlackAdapter:
         identity = await self._call("check the bot token (auth.test)", web.auth_test())
         self._bot_user_id = _field(identity, "user_id", "auth.test")
         self._mention = re.compile(rf"<@{re.escape(self._bot_user_id)}(?:\|[^>]*)?>[ \t]?")
+        self._app_token = app_token
+        self._handler = await self._open_socket(web, self._connect_timeout_s)
+        _log.info("slack: connected as %s", self._bot_user_id)
+
+    async def _open_socket(self, web: AsyncWebClient, within_s: float) -> AsyncSocketModeHandler:
+        """A new Socket Mode connection, open; nothing of it is left running on failure."""
         # Opening the socket URL here (rather than inside the handler, which retries every
         # failure forever) is what turns a refused app token into ChatAuthError.
         opened = await self._call(
             "open a Socket Mode connection (apps.connections.open)",
-            web.apps_connections_open(app_token=app_token),
+            web.apps_connections_open(app_token=self._app_token),
         )
-        self._handler = handler = AsyncSocketModeHandler(
-            self._app(web), app_token, logger=_log, ping_interval=self._ping_interval_s
+        handler = AsyncSocketModeHandler(
+            self._app(web), self._app_token, logger=_log, ping_interval=self._ping_interval_s
         )
         # The handler fetches a URL itself when it has none; handing it the one just issued
         # avoids a second call to a Tier 1 method (about one per minute) on every start.
         handler.client.wss_uri = _field(opened, "url", "apps.connections.open")
+        # Every frame Slack sends (hello, events, disconnect) is a sign of life.
+        handler.client.on_message_listeners.append(self._heard_frame)
         try:
-            async with asyncio.timeout(self._connect_timeout_s):
+            async with asyncio.timeout(within_s):
                 await handler.connect_async()  # type: ignore[no-untyped-call]  # bolt leaves it unannotated
-        except TimeoutError:
-            raise ChatUnavailable(
-                f"Cannot open the Slack socket: not connected within {self._connect_timeout_s} s",
-                platform=PLATFORM,
-            ) from None
-        _log.info("slack: connected as %s", self._bot_user_id)
+        except BaseException as exc:
+            await _close_handler(handler)
+            if isinstance(exc, TimeoutError):
+                raise ChatUnavailable(
+                    f"Cannot open the Slack socket: not connected within {within_s:g} s",
+                    platform=PLATFORM,
+                ) from None
+            raise
+        self._connected_at = time.time()
+        return handler
+
+    async def _heard_frame(self, message: object) -> None:
+        self._last_event_at = time.time()
+
+    # ---------------------------------------------------------------- liveness
+
+    def heard(self) -> Heard:
+        """When the socket opened, when Slack last sent on it, when it last answered a ping.
+
+        The ping time is slack_sdk's ``last_ping_pong_time``: when the last ping whose pong
+        came back was sent (slack_sdk also starts it at "now" on its first ping)."""
+        client = None if self._handler is None else self._handler.client
+        ping = None if client is None else client.last_ping_pong_time
+        return Heard(self._connected_at, self._last_event_at, ping)
+
+    async def probe(self) -> None:
+        """Ping the socket now. The payload is in slack_sdk's own form, so the pong lands in
+        ``last_ping_pong_time`` as its pings' do; a ping that cannot be sent shows as silence."""
+        session = None if self._handler is None else self._handler.client.current_session
+        if session is None or session.closed:
+            return
+        try:
+            await session.ping(f"sdk-ping-pong:{time.time()}".encode())
+        except (aiohttp.ClientError, OSError, RuntimeError) as exc:
+            _log.debug("slack: ping not sent: %r", exc)
+
+    async def reconnect(self, *, within_s: float) -> None:
+        """Close the socket, then open a new one within ``within_s`` (never both open).
+
+        Raises ChatAuthError when Slack refuses the app token, ChatUnavailable when no socket
+        opens in time; the adapter then has no socket (the Web API still works) until a later
+        reconnect succeeds."""
+        if self._state != "ready" or self._web is None:
+            raise RuntimeError(f"SlackAdapter.reconnect() called when {self._state}")
+        old, self._handler = self._handler, None
+        if old is not None:
+            await _close_handler(old)
+        handler = await self._open_socket(self._web, within_s)
+        if self._state != "ready":  # stopped meanwhile: stop() saw no socket to close
+            await _close_handler(handler)
+            raise ChatUnavailable("Slack adapter stopped while reconnecting", platform=PLATFORM)
+        self._handler = handler
+        _log.info("slack: reconnected")
 
     def _token(self, env: str) -> str:
         environ = os.environ if self._environ is None else self._environ
@@ -230,26 +295,10 @@ class SlackAdapter:
         listeners = [t for t in self._listeners if t is not current]
         for task in listeners:
             task.cancel()
-        tasks: list[asyncio.Future[Any]] = list(listeners)
         if handler is not None:
-            client = handler.client
-            try:
-                async with asyncio.timeout(_CLOSE_S):
-                    await handler.close_async()  # type: ignore[no-untyped-call]  # unannotated in bolt
-            except Exception as exc:  # closing is best effort: the process may be going down
-                _log.warning("slack: closing the socket failed: %r", exc)
-            # close() cancels these but does not wait for them; wait so none outlives stop().
-            tasks += [
-                t
-                for t in (
-                    client.message_processor,
-                    client.current_session_monitor,
-                    client.message_receiver,
-                )
-                if t is not None
-            ]
-        if tasks:
-            await asyncio.wait(tasks, timeout=_CLOSE_S)
+            await _close_handler(handler)
+        if listeners:
+            await asyncio.wait(listeners, timeout=_CLOSE_S)
 
     # ---------------------------------------------------------------- incoming
 
@@ -346,7 +395,8 @@ class SlackAdapter:
         return message.thread
 
     async def post(self, channel: str, thread: str, text: str) -> list[str]:
-        """Post ``text`` in ``thread``, split at ≤ 4,000 characters; returns each piece's ts."""
+        """Post ``text`` (Markdown) in ``thread`` as mrkdwn that pings nobody
+        (``chat/formatting.py``), split at ≤ 4,000 characters; returns each piece's ts."""
         return await self._post(channel, thread, text)
 
     async def post_alert(self, channel: str, text: str) -> list[str]:
@@ -357,7 +407,7 @@ class SlackAdapter:
         web = self._ready()
         where = f"{channel} thread {thread}" if thread else channel
         posted: list[str] = []
-        for piece in split_text(text, SLACK_MAX_CHARS):
+        for piece in slack_pieces(text):  # the one place text becomes a Slack post
             response = await self._call(
                 f"post in {where} (piece {len(posted) + 1}, {len(posted)} posted)",
                 web.chat_postMessage(channel=channel, text=piece, thread_ts=thread),
@@ -386,6 +436,21 @@ class SlackAdapter:
             raise _translate(exc, action) from exc
         data = getattr(response, "data", None)
         return data if isinstance(data, dict) else {}
+
+
+async def _close_handler(handler: AsyncSocketModeHandler) -> None:
+    """Close one Socket Mode connection and wait for the tasks it ran (bounded)."""
+    client = handler.client
+    try:
+        async with asyncio.timeout(_CLOSE_S):
+            await handler.close_async()  # type: ignore[no-untyped-call]  # unannotated in bolt
+    except Exception as exc:  # closing is best effort: the process may be going down
+        _log.warning("slack: closing the socket failed: %r", exc)
+    # close() cancels these but does not wait for them; wait so none outlives the close.
+    tasks = [t for t in (client.message_processor, client.current_session_monitor,
+                         client.message_receiver) if t is not None]
+    if tasks:
+        await asyncio.wait(tasks, timeout=_CLOSE_S)
 
 
 def _field(response: Mapping[str, Any], name: str, method: str) -> str:
@@ -428,5 +493,6 @@ def _translate(exc: BaseException, action: str) -> ChatError:
     return ChatError(f"Cannot {action}: {type(exc).__name__}: {exc}", platform=PLATFORM)
 
 
-if TYPE_CHECKING:  # mypy proves SlackAdapter satisfies the protocol
+if TYPE_CHECKING:  # mypy proves SlackAdapter satisfies the protocols
     _protocol_check: type[ChatAdapter] = SlackAdapter
+    _watched_check: type[Watched] = SlackAdapter

@@ -39,8 +39,9 @@ async def cmd_audit(args: argparse.Namespace) -> int:
             print(f"audit chain intact: {report.count} records verified")
         else:
             print(f"audit chain broken: {report.problem}")
-        if report.repaired_at and not args.json:
-            print(f"[warn] {repaired_at(report.repaired_at)}")
+        if not args.json:
+            for seq in report.repaired_at:
+                print(f"[warn] {repaired_at(seq)}: {REPAIRED_DETAIL}")
         return ExitCode.OK if report.ok else ExitCode.FAILED
     since = _since(args.since) if args.since else None
     records = await asyncio.to_thread(lambda: [
@@ -53,11 +54,14 @@ async def cmd_audit(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def repaired_at(seqs: tuple[int, ...]) -> str:
-    """``repaired at seq N`` (and every earlier repair): said by verify and doctor forever."""
-    where = ", ".join(str(seq) for seq in seqs)
-    return (f"repaired at seq {where}: records before it were set aside by 'bothy audit repair'"
-            " (the kept file is named in that record)")
+REPAIRED_DETAIL = ("records before it were set aside by 'bothy audit repair' (the kept file is"
+                   " named in that record)")
+
+
+def repaired_at(seq: int) -> str:
+    """``repaired at seq N``: what verify and doctor say of each repair, forever after (the
+    issue's form, ``[warn] repaired at seq N``, as a line of its own)."""
+    return f"repaired at seq {seq}"
 
 
 async def _head(log: AuditLog, *, as_json: bool) -> int:
@@ -81,8 +85,8 @@ async def _repair(log: AuditLog) -> int:
     """Keep a broken register aside and start a new segment; refused while serve runs."""
     from bothy.clock import utc_now
     from bothy.daemon import serve_holding
-    from bothy.engine.alerts import Alerts
     from bothy.home import BothyHome
+    from bothy.runtime import site_alerts
 
     home = BothyHome.from_env()
     with serve_holding(home.state_dir / "serve.lock", doing="repair the register"):
@@ -95,7 +99,7 @@ async def _repair(log: AuditLog) -> int:
         print(f"started a new segment at record {done.record.seq:04d} (audit repaired), after "
               f"the last good record {done.record.seq - 1:04d}")
         _, cfg = load()
-        alerts = Alerts(log, site=cfg.site, clock=utc_now)
+        alerts = site_alerts(cfg, log, clock=utc_now)
         await alerts.raise_alert(
             "the register", f"repaired at seq {done.record.seq}: {done.problem}; the broken "
             f"file is kept as {done.kept.name}", subject=None, level="critical")

@@ -5,8 +5,10 @@ canonical line — the bytes the hash covers — are :mod:`bothy.engine.auditrec
 whole chain is :mod:`bothy.engine.auditchain`; the human form is :mod:`bothy.engine.auditformat`;
 which kinds of record exist is :mod:`bothy.engine.auditevents`, enforced on every append.
 
-Writers in several processes take an exclusive ``flock`` on ``<path>.lock`` for each append;
-the record is written in one ``write`` and fsynced before ``append`` returns.
+Writers in several processes take an exclusive ``flock`` on ``<path>.lock`` for each commit;
+the records are written in one ``write`` and fsynced before ``append`` (or ``record``)
+returns. Records a process's coroutines ``record`` while a commit is under way share the next
+one: one write, one fsync, seq in the order they were submitted (:mod:`bothy.groupcommit`).
 
 Nothing is appended to a broken chain. A process's first append verifies the chain from the
 *checkpoint* kept beside the register (``<path>.checkpoint``: the file's identity, the offset
@@ -44,6 +46,7 @@ from bothy.engine.auditrecord import (
     GENESIS_HASH,
     AuditRecord,
     body_of,
+    canonical_details_json,
     format_ts,
     parse_line,
     serialise_body,
@@ -51,6 +54,7 @@ from bothy.engine.auditrecord import (
 )
 from bothy.errors import AuditIntegrityError, StateError
 from bothy.fsync import fsync, fsync_directory
+from bothy.groupcommit import GroupCommit
 
 __all__ = ["GENESIS_HASH", "AuditLog", "AuditRecord", "Fault", "Repair", "VerifyReport"]
 
@@ -59,6 +63,8 @@ _MAX_SEGMENTS = 1000  # links followed back through repaired segments before giv
 REPAIR_KIND, REPAIR_EVENT = "audit", "repaired"
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
+_RECORDS_PER_COMMIT = 512  # a few hundred KB in one write
+_CHECKPOINT_BYTES = 256  # the checkpoint's fixed width (its JSON is about 170 bytes)
 
 
 class AuditLog:
@@ -83,6 +89,8 @@ class AuditLog:
         self._thread_lock = threading.Lock()
         # Tail cached between appends; trusted only while the file is the one it describes.
         self._tail: _Tail | None = None
+        self._group: GroupCommit[_Entry, AuditRecord] = GroupCommit(
+            self._commit_in_thread, max_batch=_RECORDS_PER_COMMIT, name="audit-commit")
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -96,30 +104,15 @@ class AuditLog:
         run_id: str | None = None,
         details: Mapping[str, Any] | None = None,
     ) -> AuditRecord:
-        """Write one record, fsync it, and only then return it.
+        """Write one record, fsync it, and only then return it (blocking; a batch of one).
 
         Raises ValueError for a malformed field or an undeclared (kind, event) pair (our own
         code wrote it: a programming error),
         AuditIntegrityError if the last record on disk is truncated or corrupt (a broken chain
         is never extended), StateError if the file cannot be written.
         """
-        for name, value in (("kind", kind), ("event", event), ("outcome", outcome)):
-            _check_token(name, value)
-        for name, optional in (("subject", subject), ("run_id", run_id)):
-            if optional is not None:
-                _check_token(name, optional)
-        self._events.check(kind, event)
-        canonical_details = _canonical_details(details)
-        try:
-            created_dirs = _make_parent_dirs(self.path.parent)
-        except OSError as exc:
-            raise StateError(f"Cannot create the directory of {self.path}: {exc}") from exc
-        with self._thread_lock, _exclusive_lock(self._lock_path):
-            record = self._append_locked(kind, event, outcome, subject, run_id, canonical_details)
-            if record.seq == 1 or created_dirs:
-                # Inside the lock, so no other writer acknowledges a record in a file whose
-                # name is not yet durable.
-                _fsync_new_entries(self.path, created_dirs)
+        entry = self._entry(kind, event, outcome, subject, run_id, details)
+        [record] = self._commit([entry])
         return record
 
     async def record(
@@ -132,26 +125,56 @@ class AuditLog:
         run_id: str | None = None,
         details: Mapping[str, Any] | None = None,
     ) -> AuditRecord:
-        """``append`` in a worker thread, so a coroutine never blocks on the lock or fsync.
+        """``append`` for a coroutine: it never blocks the loop, and records that arrive
+        together share one write and one fsync (group commit), each returned only once the
+        fsync covering it is done.
 
         Cancelling the awaiting coroutine does not stop a write already under way.
         """
-        return await asyncio.to_thread(
-            self.append, kind, event, outcome, subject=subject, run_id=run_id, details=details
-        )
+        entry = self._entry(kind, event, outcome, subject, run_id, details)
+        return await self._group.submit(entry)
 
-    def _append_locked(
+    def _entry(
         self,
         kind: str,
         event: str,
         outcome: str,
         subject: str | None,
         run_id: str | None,
-        details: dict[str, Any],
-        *,
-        after: tuple[int, str] | None = None,
-    ) -> AuditRecord:
-        """``after``: the (seq, hash) a new segment's first record follows (a repair)."""
+        details: Mapping[str, Any] | None,
+    ) -> _Entry:
+        """The caller's half of an append: every check that does not need the file."""
+        for name, value in (("kind", kind), ("event", event), ("outcome", outcome)):
+            _check_token(name, value)
+        for name, optional in (("subject", subject), ("run_id", run_id)):
+            if optional is not None:
+                _check_token(name, optional)
+        self._events.check(kind, event)
+        copied, text = _canonical_details(details)
+        return _Entry(kind, event, outcome, subject, run_id, copied, text)
+
+    async def _commit_in_thread(self, entries: list[_Entry]) -> list[AuditRecord]:
+        return await asyncio.to_thread(self._commit, entries)
+
+    def _commit(self, entries: list[_Entry]) -> list[AuditRecord]:
+        """Append ``entries`` in order, in one write and one fsync, under both locks."""
+        try:
+            created_dirs = _make_parent_dirs(self.path.parent)
+        except OSError as exc:
+            raise StateError(f"Cannot create the directory of {self.path}: {exc}") from exc
+        with self._thread_lock, _exclusive_lock(self._lock_path):
+            records = self._append_locked(entries)
+            if records[0].seq == 1 or created_dirs:
+                # Inside the lock, so no other writer acknowledges a record in a file whose
+                # name is not yet durable.
+                _fsync_new_entries(self.path, created_dirs)
+        return records
+
+    def _append_locked(
+        self, entries: list[_Entry], *, after: tuple[int, str] | None = None
+    ) -> list[AuditRecord]:
+        """Chain ``entries`` after the last record (or ``after``: the (seq, hash) a new
+        segment's first record follows, for a repair), write them at once, fsync."""
         try:
             fd = _open_for_append(self.path)
         except OSError as exc:
@@ -161,37 +184,47 @@ class AuditLog:
                 tail = self._current_tail(fd)
             else:
                 tail = _Tail(identity=_identity(os.fstat(fd)), seq=after[0], hash=after[1])
-            ts = self._now()
-            body = serialise_body(
-                seq=tail.seq + 1,
-                ts=format_ts(ts),
-                kind=kind,
-                event=event,
-                outcome=outcome,
-                subject=subject,
-                run_id=run_id,
-                details=details,
-                prev=tail.hash,
-            )
-            digest = hashlib.sha256(body).hexdigest()
-            self._write_durably(fd, with_hash(body, digest) + b"\n", tail.seq + 1)
+            records, lines = self._chained(entries, tail)
+            self._write_durably(fd, b"".join(lines), records[0].seq, records[-1].seq)
             written = os.fstat(fd)
-            self._tail = _Tail(identity=_identity(written), seq=tail.seq + 1, hash=digest)
-            _write_checkpoint(self.checkpoint_path, written, tail.seq + 1, digest)
+            self._tail = _Tail(identity=_identity(written), seq=records[-1].seq,
+                               hash=records[-1].hash)
+            self._durable(records, written)
         finally:
             os.close(fd)
-        return AuditRecord(
-            seq=tail.seq + 1,
-            ts=ts,
-            kind=kind,
-            event=event,
-            outcome=outcome,
-            subject=subject,
-            run_id=run_id,
-            details=details,
-            prev=tail.hash,
-            hash=digest,
-        )
+        return records
+
+    def _chained(
+        self, entries: list[_Entry], tail: _Tail
+    ) -> tuple[list[AuditRecord], list[bytes]]:
+        """Seq and hash for each entry, in order: each record links to the one before it."""
+        records: list[AuditRecord] = []
+        lines: list[bytes] = []
+        seq, prev = tail.seq, tail.hash
+        for entry in entries:
+            seq += 1
+            ts = self._now()
+            body = serialise_body(
+                seq=seq, ts=format_ts(ts), kind=entry.kind, event=entry.event,
+                outcome=entry.outcome, subject=entry.subject, run_id=entry.run_id,
+                details=entry.details, prev=prev, details_json=entry.details_json,
+            )
+            digest = hashlib.sha256(body).hexdigest()
+            lines.append(with_hash(body, digest) + b"\n")
+            records.append(AuditRecord(
+                seq=seq, ts=ts, kind=entry.kind, event=entry.event, outcome=entry.outcome,
+                subject=entry.subject, run_id=entry.run_id, details=entry.details, prev=prev,
+                hash=digest,
+            ))
+            prev = digest
+        return records, lines
+
+    def _durable(self, records: list[AuditRecord], written: os.stat_result) -> None:
+        """The one step that sees records once they are on disk, before any caller hears of
+        them: the checkpoint (the head anchored). An index kept beside the register (by run
+        id) is updated here too, from ``records``, so that it is never ahead of the file."""
+        last = records[-1]
+        _write_checkpoint(self.checkpoint_path, written, last.seq, last.hash)
 
     def _now(self) -> datetime:
         ts = self._clock()
@@ -234,21 +267,23 @@ class AuditLog:
             )
         return seq, digest
 
-    def _write_durably(self, fd: int, line: bytes, seq: int) -> None:
+    def _write_durably(self, fd: int, data: bytes, first_seq: int, last_seq: int) -> None:
         size_before = os.fstat(fd).st_size
         try:
-            written = os.write(fd, line)
-            if written != len(line):
-                # Take the partial line back rather than leave a truncated record behind.
+            written = os.write(fd, data)
+            if written != len(data):
+                # Take the partial lines back rather than leave a truncated record behind.
                 os.ftruncate(fd, size_before)
-                raise OSError(0, f"short write ({written} of {len(line)} bytes)")
+                raise OSError(0, f"short write ({written} of {len(data)} bytes)")
             fsync(fd)
         except OSError as exc:
-            # After a failed fsync the line may or may not reach the disk; the chain stays
-            # intact either way, and the caller must treat the event as not recorded.
+            # After a failed fsync the lines may or may not reach the disk; the chain stays
+            # intact either way, and the callers must treat the events as not recorded.
             self._tail = None
+            what = (f"record {first_seq:04d}" if first_seq == last_seq
+                    else f"records {first_seq:04d}–{last_seq:04d}")
             raise StateError(
-                f"Cannot append record {seq:04d} to audit log {self.path}: {exc.strerror or exc}"
+                f"Cannot append {what} to audit log {self.path}: {exc.strerror or exc}"
             ) from exc
 
     # -- reading ---------------------------------------------------------------------------
@@ -356,8 +391,9 @@ class AuditLog:
             _remove_checkpoint(self.checkpoint_path)
             details = {"kept": kept.name, "last_good_seq": report.last_seq,
                        "last_good_hash": report.last_hash, "problem": report.problem}
-            record = self._append_locked(REPAIR_KIND, REPAIR_EVENT, "ok", None, None, details,
-                                         after=(report.last_seq, report.last_hash))
+            [record] = self._append_locked(
+                [_Entry(REPAIR_KIND, REPAIR_EVENT, "ok", None, None, *_canonical_details(details))],
+                after=(report.last_seq, report.last_hash))
             _fsync_new_entries(self.path, [])
         return Repair(kept=kept, record=record, problem=report.problem)
 
@@ -509,21 +545,28 @@ def _read_checkpoint(path: Path) -> _Checkpoint | None:
 
 
 def _write_checkpoint(path: Path, st: os.stat_result, seq: int, digest: str) -> None:
-    """Rewrite the checkpoint (no fsync: one lost or behind only costs a longer verify)."""
+    """Rewrite the checkpoint in place (no fsync: one lost or behind only costs a longer
+    verify).
+
+    One ``pwrite`` of a fixed width over the old content, not a new file renamed into place:
+    on ext4 a rename over a file costs as much as the fsync it saves. A reader that meets a
+    half-written checkpoint cannot parse it and verifies the whole chain instead.
+    """
     data = json.dumps({"dev": st.st_dev, "ino": st.st_ino, "offset": st.st_size, "seq": seq,
-                       "hash": digest}).encode()
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+                       "hash": digest}).encode().ljust(_CHECKPOINT_BYTES)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, _FILE_MODE)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
     except OSError:
-        # The record is durable; without a checkpoint the next process verifies it all.
+        return  # the record is durable; without a checkpoint the next process verifies it all
+    try:
+        os.pwrite(fd, data, 0)
+        if os.fstat(fd).st_size > len(data):  # one written by an older Bothy, or longer
+            os.ftruncate(fd, len(data))
+    except OSError:
         with contextlib.suppress(OSError):
-            tmp.unlink()
+            path.unlink()  # rather none than a torn one
+    finally:
+        os.close(fd)
 
 
 def _remove_checkpoint(path: Path) -> None:
@@ -541,21 +584,35 @@ def _check_token(name: str, value: str) -> None:
         raise ValueError(f"audit {name} must be a non-empty single token, got {value!r}")
 
 
-def _canonical_details(details: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A private copy of ``details`` with keys sorted at every level, as it will be stored."""
+def _canonical_details(details: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:
+    """A private copy of ``details`` with keys sorted at every level, as it will be stored,
+    and its canonical JSON (the bytes the record's body will hold)."""
     if details is None:
-        return {}
+        return {}, "{}"
     if not isinstance(details, Mapping):
         raise ValueError(f"audit details must be a JSON object, got {type(details).__name__}")
     try:
-        text = json.dumps(dict(details), sort_keys=True, allow_nan=False)
+        text = canonical_details_json(details)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"audit details must be JSON-serialisable: {exc}") from exc
     copied: dict[str, Any] = json.loads(text)
-    return copied
+    return copied, text
 
 
 # -- files -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A record checked and waiting for its place in the chain (seq, ts, prev, hash)."""
+
+    kind: str
+    event: str
+    outcome: str
+    subject: str | None
+    run_id: str | None
+    details: dict[str, Any]
+    details_json: str
 
 
 @dataclass(frozen=True)

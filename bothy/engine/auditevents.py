@@ -62,8 +62,9 @@ EVENTS = EventTable({
     "question": ("answered", "timed_out", "stopped", "declined"),  # asked: `run question`
     "answer": ("received", "ignored", "late"),
     "mcp": ("failed",),
-    # The register itself: a broken one set aside by `bothy audit repair`.
-    "audit": ("repaired",),
+    # The register itself: a broken one set aside by `bothy audit repair`; the head that
+    # `bothy serve` publishes daily.
+    "audit": ("repaired", "head"),
     # Somebody should know.
     "alert": ("sent", "undelivered", "suppressed"),
     # The daemon and its doors.
@@ -73,7 +74,9 @@ EVENTS = EventTable({
     "schedule": ("added", "removed", "fired", "missed"),
     "sop": ("saved",),
     # Chat platforms and conversations.
-    "chat": ("refused", "react-failed", "thread-failed", "post-failed", "lost"),
+    "chat": ("refused", "react-failed", "thread-failed", "post-failed", "lost",
+             # A connection that heard nothing (bothy/chat/liveness.py).
+             "silent", "reconnected", "reconnect-failed", "watch-stopped"),
     "thread": ("resume-failed",),
     # A profile's memory: loaded into a run, used by its tools, pruned, restored by hand.
     "memory": ("loaded", "written", "refused", "read", "applied", "pruned", "left-out",

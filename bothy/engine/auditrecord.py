@@ -32,6 +32,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from json.encoder import encode_basestring_ascii as _quote
 from typing import Any
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "GENESIS_HASH",
     "AuditRecord",
     "body_of",
+    "canonical_details_json",
     "format_ts",
     "parse_fields",
     "parse_line",
@@ -171,17 +173,34 @@ def serialise_body(
     run_id: str | None,
     details: Mapping[str, Any],
     prev: str,
+    details_json: str | None = None,
 ) -> bytes:
-    """The canonical body: fixed key order, sorted details keys, compact, ASCII only."""
-    scalars = zip(FIELDS[:7], (seq, ts, kind, event, outcome, subject, run_id), strict=True)
-    # json.dumps escapes every non-ASCII character by default (ensure_ascii=True).
-    parts = [f'"{name}":{json.dumps(value)}' for name, value in scalars]
-    details_json = json.dumps(
+    """The canonical body: fixed key order, sorted details keys, compact, ASCII only.
+
+    ``details_json``: ``details`` already in that form (:func:`canonical_details_json`), so a
+    writer that made it to check the details does not make it twice.
+    """
+    if details_json is None:
+        details_json = canonical_details_json(details)
+    # _quote is what json.dumps does to a str by default (ensure_ascii=True): every
+    # non-ASCII character escaped. The register's hot path spells it out: ~4x cheaper.
+    return (
+        f'{{"seq":{int(seq)},"ts":{_quote(ts)},"kind":{_quote(kind)},'
+        f'"event":{_quote(event)},"outcome":{_quote(outcome)},'
+        f'"subject":{_optional(subject)},"run_id":{_optional(run_id)},'
+        f'"details":{details_json},"prev":{_quote(prev)}}}'
+    ).encode("ascii")
+
+
+def canonical_details_json(details: Mapping[str, Any]) -> str:
+    """``details`` as the register stores it: keys sorted at every level, compact, ASCII."""
+    return json.dumps(
         dict(details), ensure_ascii=True, separators=(",", ":"), sort_keys=True, allow_nan=False
     )
-    parts.append(f'"details":{details_json}')
-    parts.append(f'"prev":{json.dumps(prev)}')
-    return ("{" + ",".join(parts) + "}").encode("ascii")
+
+
+def _optional(value: str | None) -> str:
+    return "null" if value is None else _quote(value)
 
 
 def format_ts(ts: datetime) -> str:

@@ -54,7 +54,8 @@ READS: dict[tuple[Kind, str], tuple[str, ...]] = {
     ("request", "item/fileChange/requestApproval"): ("itemId",),
     ("request", "item/tool/call"): ("namespace", "tool", "arguments", "callId"),
     ("request", "item/tool/requestUserInput"): (
-        "questions[].id", "questions[].question", "questions[].header",
+        "questions[].id", "questions[].question", "questions[].header", "questions[].isSecret",
+        "questions[].options[].label", "questions[].options[].description",
     ),
     ("request", "item/permissions/requestApproval"): ("itemId",),
     ("request", "mcpServer/elicitation/request"): (),

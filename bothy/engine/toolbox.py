@@ -15,14 +15,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from bothy.config import ProfileConfig
 from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog
 from bothy.engine.checklist import SPEC as CHECKLIST_SPEC
 from bothy.engine.checklist import Checklist
-from bothy.engine.questions import Answered, QuestionBoard
+from bothy.engine.questions import APPROVAL_HINT, Answered, InputQuestion, QuestionBoard
 from bothy.engine.rpc import ServerRequest
 from bothy.engine.task_link import NOTE_SPEC, TaskLink
 from bothy.engine.verdicts import (
@@ -41,6 +41,8 @@ if TYPE_CHECKING:  # the MCP SDK takes half a second to import: only runs that u
 # What a tool result may carry to the model; the rest is cut with a marker (see _cut).
 TOOL_RESULT_MAX_CHARS = 100_000
 NO_ANSWER = "No answer is coming: nobody can be asked from this run. Continue without it."
+NO_SECRET = ("No answer is coming: Bothy does not ask a person for a secret (the reply would"
+             " stay in the chat thread and the register). Continue without it.")
 
 
 class Responder(Protocol):
@@ -54,6 +56,22 @@ class Asker(Protocol):
     """Shows a question to whoever can answer it (a terminal, a chat thread)."""
 
     def question(self, run_id: str, text: str) -> None: ...
+
+
+@runtime_checkable
+class HintedAsker(Protocol):
+    """An asker that shows how to answer beside the question (a chat thread), instead of a
+    hint of its own (a terminal's "type yes/no (or an answer)")."""
+
+    def ask(self, run_id: str, text: str, hint: str) -> None: ...
+
+
+@runtime_checkable
+class ExpiryTeller(Protocol):
+    """An asker that also says where it asked that a question expired unanswered (a chat
+    thread: "No answer within 300 s — declined; the run goes on.")."""
+
+    def expired(self, run_id: str, text: str, hold_s: float) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -313,13 +331,19 @@ class Toolbox:
         return Refuse(answer, f"no approval for '{call.tool}': the question {answer}",
                       f"Nobody approved '{call.tool}' in time. Continue without it.")
 
-    async def _ask(self, kind: str, tool: str | None, text: str, hold_s: int) -> Answered | str:
-        """Post a question and hold for it; return the answer or how the hold ended."""
+    async def _ask(self, kind: str, tool: str | None, text: str, hold_s: int, *,
+                   shown: str | None = None, hint: str = APPROVAL_HINT) -> Answered | str:
+        """Post a question and hold for it; return the answer or how the hold ended.
+        ``shown`` is the question as the person sees it (with its options), ``hint`` how to
+        answer it; ``text`` is what the board and the register keep."""
         hold = min(float(hold_s), self._hold_left_s())
         question_id = await self._board.post(self._scope.run_id, kind, tool, text, int(hold))
         await self._record("run", "question", "pending",
                            {"kind": kind, "tool": tool, "question": text, "hold_s": hold})
-        self._asker.question(self._scope.run_id, text)
+        if isinstance(self._asker, HintedAsker):
+            self._asker.ask(self._scope.run_id, shown or text, hint)
+        else:
+            self._asker.question(self._scope.run_id, shown or text)
         ended = await self._board.wait(question_id, hold_s=hold, should_stop=self._should_stop)
         if isinstance(ended, Answered):
             await self._record("question", "answered", "ok",
@@ -327,25 +351,36 @@ class Toolbox:
             return ended
         await self._record("question", ended.status, "failed",
                            {"kind": kind, "tool": tool, "reason": ended.reason})
+        if ended.status == "timed_out" and isinstance(self._asker, ExpiryTeller):
+            self._asker.expired(self._scope.run_id, text, hold)
         return ended.status
 
     async def _user_input(self, params: dict[str, Any]) -> dict[str, Any]:
-        questions = [q for q in params.get("questions") or [] if isinstance(q, dict)]
+        """Codex's questions for a person, each shown with its options numbered; an answer
+        by number or label becomes the option's label, anything else goes as written."""
+        questions = [InputQuestion.of(q) for q in params.get("questions") or []
+                     if isinstance(q, dict)]
         profile = self._scope.profile
         hold_s = profile.question_hold_seconds if profile else 0
         answers: dict[str, dict[str, list[str]]] = {}
         for question in questions:
-            text = str(question.get("question") or question.get("header") or "?")
             reply = NO_ANSWER
-            if self._scope.can_hold and hold_s > 0:
-                answer = await self._ask("input", None, text, hold_s)
+            if question.secret:
+                await self._record("question", "declined", "refused",
+                                   {"kind": "input", "question": question.text,
+                                    "reason": "it asks for a secret, which a reply would leave"
+                                              " in the thread and the register"})
+                reply = NO_SECRET
+            elif self._scope.can_hold and hold_s > 0:
+                answer = await self._ask("input", None, question.text, hold_s,
+                                         shown=question.shown(), hint=question.hint())
                 if isinstance(answer, Answered):
-                    reply = answer.text
+                    reply = question.answer(answer.text)
             else:
                 await self._record("question", "declined", "refused",
-                                   {"kind": "input", "question": text,
+                                   {"kind": "input", "question": question.text,
                                     "reason": "this run cannot wait for a person"})
-            answers[str(question.get("id"))] = {"answers": [reply]}
+            answers[question.id] = {"answers": [reply]}
         return {"answers": answers}
 
     async def _record_verdict(self, call: ToolCall, verdict: Proceed | Refuse) -> None:

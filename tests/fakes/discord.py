@@ -129,7 +129,8 @@ class Certificates:
             "extendedKeyUsage=serverAuth\n"
             "subjectKeyIdentifier=hash\n"
             "authorityKeyIdentifier=keyid\n"
-            "subjectAltName=" + ",".join(f"DNS:{host}" for host in HOSTS) + "\n"
+            # 127.0.0.1 too: a one-shot REST post is pointed at the fake by its api_url.
+            "subjectAltName=" + ",".join(f"DNS:{host}" for host in HOSTS) + ",IP:127.0.0.1\n"
         )
         ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
         for argv in (
@@ -186,6 +187,7 @@ class Post:
     content: str
     nonce: str | None
     enforce_nonce: bool
+    allowed_mentions: JSON | None = None  # as the request carried it (None: absent)
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,7 @@ class Connection:
     closed: bool = False
     close_code: int | None = None  # the code of whoever closed first
     closed_by_server: bool = False
+    silent: bool = False  # silence(): open, but nothing is sent on it (no ACK, no event)
 
 
 @dataclass
@@ -264,6 +267,8 @@ class _Live:
         self._sending = asyncio.Lock()  # frames leave in sequence order; the zlib stream is one
 
     async def send(self, *payloads: JSON) -> None:
+        if self.record.silent:
+            return  # a ghost: what the session logged is replayed on a RESUME elsewhere
         async with self._sending:
             for payload in payloads:
                 data = json.dumps(payload).encode()
@@ -291,7 +296,8 @@ class FakeDiscord:
     :attr:`allow_message_content` (False: IDENTIFY with MESSAGE_CONTENT is closed with 4014),
     :attr:`refuse_identify` (close 4004 on IDENTIFY although REST accepted the token),
     :attr:`gateway_available` (False: the websocket upgrade gets 503), :attr:`ack_heartbeats`,
-    and :meth:`fail_next` for one REST failure.
+    :meth:`fail_next` for one REST failure, and :meth:`silence` for a socket that stays open
+    and says nothing (``peak_open_connections``: the most sockets open at once).
     """
 
     def __init__(
@@ -327,6 +333,7 @@ class FakeDiscord:
         self._sessions: dict[str, _Session] = {}
         self._session: _Session | None = None  # the newest identified session
         self._lives: set[_Live] = set()
+        self._peak_open = 0
         self._change = asyncio.Event()
         self._resumes_open = asyncio.Event()
         self._resumes_open.set()
@@ -339,6 +346,12 @@ class FakeDiscord:
     def port(self) -> int:
         """The TCP port on 127.0.0.1 every Discord host resolves to."""
         return self._port
+
+    @property
+    def api_url(self) -> str:
+        """The REST base URL by address (``chat.discord.api_url``): the certificate names
+        127.0.0.1 too, so a client trusting :attr:`Certificates.ca_pem` verifies it."""
+        return f"https://127.0.0.1:{self._port}/api/v10"
 
     def connector(self) -> aiohttp.TCPConnector:
         """An aiohttp connector that reaches this fake for the Discord hosts, verifying TLS
@@ -425,6 +438,20 @@ class FakeDiscord:
         await self.wait_for(lambda: any(s is not None and s >= seq
                                         for s in live.record.heartbeats),
                             f"a heartbeat acknowledging sequence {seq}")
+
+    def silence(self) -> None:
+        """Make the current gateway socket a ghost: it stays open, but no heartbeat is
+        acknowledged and no event is sent on it (the session still logs them, so a RESUME
+        on another socket replays them) — until the client closes it."""
+        session = self._session
+        assert session is not None and session.live is not None, "no gateway socket is open"
+        session.live.record.silent = True
+        self._changed()
+
+    @property
+    def peak_open_connections(self) -> int:
+        """The most gateway sockets that were open at once."""
+        return self._peak_open
 
     def hold_resumes(self) -> None:
         """Keep RESUMEs waiting (events meanwhile are buffered) until :meth:`release_resumes`."""
@@ -601,6 +628,7 @@ class FakeDiscord:
         live = _Live(record, ws, request)
         self.connections.append(record)
         self._lives.add(live)
+        self._peak_open = max(self._peak_open, len(self.open_connections))
         self._changed()
         try:
             await live.send({"op": 10, "d": {"heartbeat_interval": self.heartbeat_interval_ms}})
@@ -755,7 +783,8 @@ class FakeDiscord:
         if self._is_thread(channel_id):
             self._thread_members[channel_id].add(BOT_ID)  # posting in a thread joins it
         self.posts.append(Post(channel_id, message["id"], content, nonce,
-                               bool(body.get("enforce_nonce"))))
+                               bool(body.get("enforce_nonce")),
+                               allowed_mentions=body.get("allowed_mentions")))
         await self._dispatch_message(message)
         return _json(message)
 

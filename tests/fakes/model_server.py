@@ -348,6 +348,13 @@ class ModelServer:
         self.hung_up = asyncio.Event()
 
     @property
+    def port(self) -> int:
+        """The TCP port it listens on (known once started)."""
+        if self._runner is None:
+            raise RuntimeError("ModelServer.port is only known once the server has started")
+        return self._port
+
+    @property
     def base_url(self) -> str:
         """``http://HOST:PORT/v1``; Codex appends ``/responses``."""
         if self._runner is None:

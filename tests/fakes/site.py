@@ -42,6 +42,10 @@ class Site:
         self.codex_home = root / "codex-home"
         for directory in (self.home, self.workspace, self.codex_home):
             directory.mkdir(parents=True, exist_ok=True)
+        # What runs every `bothy` command (tests/fakes/netns.py sets both to run them in a
+        # network namespace): a prefix to the argv, and variables added to the environment.
+        self.launch_prefix: list[str] = []
+        self.extra_env: dict[str, str] = {}
         self.config = self.base_config(base_url)
         _deep_update(self.config, overrides)
         self.write_config(self.config)
@@ -78,13 +82,14 @@ class Site:
         env = {key: value for key, value in os.environ.items() if not key.startswith("BOTHY_")}
         env.update(PROVIDER_ENV)
         env["BOTHY_HOME"] = str(self.home)
+        env.update(self.extra_env)
         env.update(extra)
         return env
 
     async def start(self, *args: str, **extra_env: str) -> asyncio.subprocess.Process:
         """Start ``bothy ARGS`` and return the process (for tests that signal it)."""
         return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bothy", *args,
+            *self.launch_prefix, sys.executable, "-m", "bothy", *args,
             env=self.env(**extra_env),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,

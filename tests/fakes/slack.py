@@ -12,11 +12,12 @@ Socket Mode client connects to the URL ``apps.connections.open`` returns
         slack.close_socket()                                     # server-side close
         slack.disconnect("refresh_requested")                    # Slack's "please reconnect"
         slack.refuse_sockets = True                              # the websocket answers 503
+        slack.silence()               # the current socket stays open but answers nothing
 
 Web API: ``auth.test``, ``apps.connections.open``, ``chat.postMessage``, ``chat.update``,
-``reactions.add``, ``conversations.replies``, ``users.info``. Every call is recorded in
-``calls`` (method, token, arguments); a token other than ``bot_token`` (``app_token`` for
-``apps.connections.open``) is answered ``invalid_auth``, as Slack does (HTTP 200,
+``chat.getPermalink``, ``reactions.add``, ``conversations.replies``, ``users.info``. Every
+call is recorded in ``calls`` (method, token, arguments); a token other than ``bot_token``
+(``app_token`` for ``apps.connections.open``) is answered ``invalid_auth``, as Slack does (HTTP 200,
 ``ok: false``). Posts are kept in ``posts``; by default each one is echoed back over the
 socket as a ``message`` event from the bot, as Slack does for an app subscribed to
 ``message.channels``, so the bot's self-filter is exercised.
@@ -28,6 +29,13 @@ subscribes to both. An envelope not acked within ``ack_timeout_s`` is sent again
 ``retry_attempt`` 1, 2, … and ``retry_reason: "timeout"``, up to ``max_retries`` (the same
 ``envelope_id``); an attempt made while no socket is open is lost, as on real Slack. Acks
 land in ``acked`` and, with their time, in ``acks``.
+
+Liveness: the fake answers websocket pings itself (``pongs`` counts them) until
+:meth:`FakeSlack.silence` makes the current socket a ghost — open, but answering no ping and
+carrying no envelope (an attempt meant for it is lost, as on a dead connection Slack still
+delivers to). ``open_sockets`` is how many sockets are open now and ``peak_open_sockets`` the
+most that were ever open at once: a client that opens a new socket before closing the old
+one shows 2.
 
 Everything a test waits for is a predicate over this object, checked after every change
 (:meth:`wait_for`) — no sleeps.
@@ -53,6 +61,7 @@ BOT_USER_ID = "UBOTHY01"
 BOT_ID = "BBOTHY01"
 TEAM_ID = "TFAKE001"
 APP_ID = "AFAKE001"
+PERMALINK_BASE = "https://fake.slack.example"
 
 
 @dataclass(frozen=True)
@@ -145,12 +154,15 @@ class FakeSlack:
         self.deliveries: list[Delivery] = []
         self.envelopes: dict[str, _Envelope] = {}
         self.connections = 0  # sockets accepted so far
+        self.peak_open_sockets = 0  # the most sockets open at once
+        self.pongs = 0  # pings answered
 
         self._failures: dict[str, list[_Failure]] = {}
         self._hanging: set[str] = set()
         self._messages: dict[str, list[dict[str, Any]]] = {}  # channel -> messages
         self._tickets: set[str] = set()
         self._sockets: list[web.WebSocketResponse] = []
+        self._silent: set[web.WebSocketResponse] = set()
         self._ts = itertools.count(1)
         self._changed = asyncio.Event()
         self._closing = asyncio.Event()
@@ -328,6 +340,7 @@ class FakeSlack:
             "apps.connections.open": self._connections_open,
             "chat.postMessage": self._post_message,
             "chat.update": self._update,
+            "chat.getPermalink": self._permalink,
             "reactions.add": self._reactions_add,
             "conversations.replies": self._replies,
             "users.info": self._users_info,
@@ -396,6 +409,13 @@ class FakeSlack:
             self._send_event(dict(message, channel_type="channel", event_ts=ts), ts)
         return {"ok": True, "channel": channel, "ts": ts, "message": message}
 
+    def _permalink(self, args: dict[str, Any]) -> dict[str, Any]:
+        channel, ts = str(args.get("channel", "")), str(args.get("message_ts", ""))
+        if not channel or not ts:
+            return {"ok": False, "error": "message_not_found"}
+        return {"ok": True, "channel": channel,
+                "permalink": f"{PERMALINK_BASE}/archives/{channel}/p{ts.replace('.', '')}"}
+
     def _update(self, args: dict[str, Any]) -> dict[str, Any]:
         ts = str(args.get("ts", ""))
         for post in self.posts:
@@ -435,10 +455,11 @@ class FakeSlack:
         if ticket not in self._tickets:
             return web.Response(status=401, text="invalid ticket")
         self._tickets.discard(ticket)
-        ws = web.WebSocketResponse(autoping=True)
+        ws = web.WebSocketResponse(autoping=False)  # pings answered below, unless silent
         await ws.prepare(request)
         self._sockets.append(ws)
         self.connections += 1
+        self.peak_open_sockets = max(self.peak_open_sockets, self.open_sockets)
         await ws.send_json(
             {
                 "type": "hello",
@@ -452,6 +473,11 @@ class FakeSlack:
             async for frame in ws:
                 if frame.type == WSMsgType.TEXT:
                     self._receive(frame.data)
+                elif frame.type == WSMsgType.PING and ws not in self._silent:
+                    with contextlib.suppress(ConnectionError, RuntimeError):
+                        await ws.pong(frame.data)
+                        self.pongs += 1
+                        self._change()
         finally:
             self._change()
         return ws
@@ -482,6 +508,19 @@ class FakeSlack:
         ws = self._current_socket()
         assert ws is not None, "no open socket to close"
         self._spawn(ws.close(code=code, message=b"server closed"))
+
+    def silence(self) -> None:
+        """Make the current socket a ghost: it stays open but answers no ping and carries
+        no envelope (what is sent to it is lost) — until the client closes it."""
+        ws = self._current_socket()
+        assert ws is not None, "no open socket to silence"
+        self._silent.add(ws)
+        self._change()
+
+    @property
+    def silent_sockets_open(self) -> int:
+        """Silenced sockets the client has not closed."""
+        return sum(1 for ws in self._silent if not ws.closed)
 
     def disconnect(self, reason: str = "refresh_requested") -> None:
         """Send ``{"type": "disconnect", "reason": ...}`` on the current socket."""
@@ -576,7 +615,7 @@ class FakeSlack:
                 "payload": envelope.payload,
             }
             sent = False
-            if ws is not None:
+            if ws is not None and ws not in self._silent:
                 with contextlib.suppress(ConnectionError, RuntimeError):
                     await ws.send_json(frame)
                     sent = True
