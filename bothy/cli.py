@@ -158,6 +158,11 @@ def _schedule_parser(commands: Any) -> None:
                        help="verify that the final answer matches this regular expression")
     add.add_argument("--max-usd", help="reserve this much per fire instead of budget.per_run_usd")
     add.add_argument("--ref", help="tie each fire's run to this task in Cairn, e.g. ACME-12")
+    add.add_argument("--report-to", metavar="PLATFORM:CHANNEL",
+                     help="post its findings here (e.g. slack:C0OPS) instead of the alert channel")
+    add.add_argument("--preflight-cmd", metavar="ARGV",
+                     help="--heartbeat only: run this first (split like a shell); the model is"
+                          " woken only if it fails or its output changed since the last fire")
     actions.add_parser("list", help="one line per schedule, with its next fire").add_argument(
         "--json", action="store_true")
     remove = actions.add_parser("rm", help="remove a schedule")
@@ -291,9 +296,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         from bothy.commands.install import cmd_funnel, cmd_install
 
         return cmd_install(args) if args.command == "install" else cmd_funnel(args)
+    from bothy import commands
+
+    if args.command == "trace" or (args.command == "audit" and args.action is None):
+        # Reads of the register, with no event loop: a run's records come through the index.
+        return int(commands.cmd_trace(args) if args.command == "trace"
+                   else commands.read_audit(args))
     import asyncio
 
-    from bothy import commands
 
     handler = {
         "run": commands.cmd_run,
@@ -306,7 +316,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         "serve": commands.cmd_daemon,
         "schedule": commands.cmd_schedule,
         "sop": commands.cmd_sop,
-        "trace": commands.cmd_trace,
         "memory": commands.cmd_memory,
     }[args.command]
     try:

@@ -330,6 +330,45 @@ class ListenConfig(_Section):
         return self
 
 
+# Where an unattended run's findings are posted: a platform and a channel of its form.
+_REPORT_CHANNEL = {
+    "slack": (re.compile(r"^[CG][A-Z0-9]{1,20}$"), "a Slack channel id such as C0OPS"),
+    "discord": (re.compile(r"^[0-9]{15,21}$"), "a Discord channel id (a snowflake of digits)"),
+}
+
+
+def report_to_form_problem(value: str) -> str | None:
+    """Why ``value`` is not a report target (``slack:C0OPS``, ``discord:1234…``), or None."""
+    platform, _, channel = value.partition(":")
+    if platform not in _REPORT_CHANNEL:
+        return (f"{value!r} is not a report target: expected slack:CHANNEL or discord:CHANNEL"
+                " (e.g. slack:C0OPS)")
+    pattern, expected = _REPORT_CHANNEL[platform]
+    if not pattern.match(channel):
+        return f"{value!r}: {channel!r} is not {expected}"
+    return None
+
+
+def report_to_problem(value: str, chat: ChatConfig) -> str | None:
+    """Why ``value`` cannot receive reports on this site (its form, or its platform is not
+    configured under ``chat``), or None."""
+    if problem := report_to_form_problem(value):
+        return problem
+    platform = value.partition(":")[0]
+    if getattr(chat, platform) is None:
+        return f"{value!r} names {platform}, but chat.{platform} is not configured"
+    return None
+
+
+def _report_target(value: str | None) -> str | None:
+    if value is not None and (problem := report_to_form_problem(value)):
+        raise ValueError(problem)
+    return value
+
+
+ReportTo = Annotated[str | None, AfterValidator(_report_target)]
+
+
 class WakeJob(_Section):
     """What a wake starts: a prompt in a lane, under a profile, within a reservation."""
 
@@ -338,6 +377,7 @@ class WakeJob(_Section):
     profile: str | None = None
     max_usd: Decimal | None = Field(default=None, gt=0)
     ref: str | None = Field(default=None, min_length=1)  # task in Cairn, e.g. ACME-{issue.number}
+    report_to: ReportTo = None  # where its findings go, e.g. slack:C0OPS; else the alert channel
 
 
 class WebhookJob(WakeJob):
@@ -535,6 +575,48 @@ class ChatConfig(_Section):
     alert_timeout_s: float = Field(default=10.0, gt=0, le=120)  # a command's one-shot alert post
 
 
+class OtelConfig(_Section):
+    """Where ``bothy serve`` sends every finished run's trace (OTLP/HTTP, JSON), and how hard
+    it tries (bothy/traceexport.py)."""
+
+    endpoint: str  # the full address to POST to, e.g. http://collector:4318/v1/traces
+    headers_env: dict[str, str] = Field(default_factory=dict)  # header name -> env var name
+    include_content: bool = False  # questions, commands, reasons: held back unless true
+    timeout_s: float = Field(default=10.0, gt=0, le=60)
+    max_attempts: int = Field(default=20, ge=1, le=1000)
+    retry_first_s: float = Field(default=5.0, gt=0, le=3600)
+    retry_max_s: float = Field(default=600.0, gt=0, le=86400)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        scheme, _, rest = value.partition("://")
+        host = rest.split("/", 1)[0].rsplit("@", 1)[-1]
+        if scheme.lower() not in ("http", "https") or not host:
+            raise ValueError("expected the http:// or https:// address to POST traces to,"
+                             " e.g. http://collector:4318/v1/traces")
+        return value
+
+    @field_validator("headers_env")
+    @classmethod
+    def _header_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for header, env in value.items():
+            if not _HEADER_NAME.match(header):
+                raise ValueError(f"{header!r} is not an HTTP header name")
+            if header.lower() == "content-type":
+                raise ValueError("Content-Type is application/json: the exporter sets it")
+            if not _ENV_NAME.match(env):
+                raise ValueError(f"{env!r} is not an environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _retries_in_order(self) -> OtelConfig:
+        if self.retry_max_s < self.retry_first_s:
+            raise ValueError(f"retry_max_s ({self.retry_max_s}) is shorter than"
+                             f" retry_first_s ({self.retry_first_s})")
+        return self
+
+
 class Config(_Section):
     """The whole configuration of one Bothy site."""
 
@@ -552,6 +634,7 @@ class Config(_Section):
     wakes: WakesConfig = Field(default_factory=WakesConfig)
     chat: ChatConfig = Field(default_factory=ChatConfig)
     secrets_file: Path | None = None  # 0600 NAME=value file read when a variable is not set
+    otel: OtelConfig | None = None  # off unless set: bothy serve exports nothing
     web: WebConfig = Field(default_factory=WebConfig)
 
     @field_validator("site")
@@ -616,6 +699,18 @@ class Config(_Section):
                 if job.profile is not None and job.profile not in self.profiles:
                     raise ValueError(f"webhooks.{name}: job profile {job.profile!r} is not"
                                      " defined in profiles")
+        return self
+
+    @model_validator(mode="after")
+    def _reports_go_to_configured_chat(self) -> Config:
+        """A job's ``report_to`` names a chat platform this site has configured."""
+        jobs = [(f"webhooks.{name}.jobs.{index}.report_to", job.report_to)
+                for name, route in self.webhooks.items() for index, job in enumerate(route.jobs)]
+        jobs += [(f"pollers.{name}.job.report_to", poller.job.report_to)
+                 for name, poller in self.pollers.items()]
+        for key, target in jobs:
+            if target is not None and (problem := report_to_problem(target, self.chat)):
+                raise ValueError(f"{key}: {problem}")
         return self
 
     @model_validator(mode="after")

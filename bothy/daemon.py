@@ -4,10 +4,11 @@ Start-up, in order: single-instance lock → state → audit → recovery (orpha
 ended, wakes that never started queued again, wakes whose run was under way closed) →
 listeners → dispatcher → schedules (a fire missed while down is queued once, then the timers
 start); while ready, the register's head is published once a day (engine/headpublisher.py).
-Shutdown runs in reverse: stop intake (listeners, the schedule timers, then the
-dispatcher's intake) → let in-flight runs finish within ``wakes.shutdown_grace_s`` → ask them
-to stop (they interrupt, settle and reap their groups) → cancel what is left → final audit
-record. A second signal skips the waits. Signal handlers only record; the main task acts.
+Shutdown runs in reverse: stop intake (listeners, the schedule timers, then the dispatcher's
+intake) → let in-flight runs finish within ``wakes.shutdown_grace_s`` → ask them to stop (they
+interrupt, settle and reap their groups) → cancel what is left → disconnect chat (last: the
+runs' answers and the alerts go through it) → final audit record. A second signal skips the
+waits. Signal handlers only record; the main task acts.
 
 Exit codes (see docs/RUNBOOK.md): 0 clean stop; 75 temporary (another instance holds the
 lock, a port is taken); 78 configuration (raised as ConfigError before anything starts).
@@ -24,7 +25,6 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from zoneinfo import ZoneInfo
 
 import httpx
 
@@ -42,11 +42,13 @@ from bothy.engine.questions import QuestionBoard
 from bothy.errors import AuditIntegrityError, BothyError, ConfigError, TemporaryFailure
 from bothy.home import BothyHome
 from bothy.runtime import Runtime
+from bothy.traceexport import TraceExporter
 from bothy.waits import first_of, recording_stop_signals
 from bothy.wakes.dispatcher import Dispatcher
 from bothy.wakes.handlers import unattended
 from bothy.wakes.inbox import Inbox
 from bothy.wakes.poller import Poller
+from bothy.wakes.reports import Reports
 from bothy.wakes.schedule_runner import ScheduleRunner
 from bothy.wakes.schedules import ScheduleStore
 from bothy.wakes.webhook import WebhookListener
@@ -107,17 +109,20 @@ class Daemon:
         await rt.audit.record("serve", "starting", "ok",
                               details={"pid": os.getpid(), "site": self._cfg.site})
         recovered = await supervisor.recover()
-        dispatcher = Dispatcher(self._cfg.wakes, unattended(self._cfg, self._home), inbox=inbox,
+        store = ScheduleStore(rt.db, timezone=self._cfg.budget.timezone, clock=rt.clock)
+        reports = Reports(self._cfg, db=rt.db, audit=rt.audit, alerts=rt.alerts, clock=rt.clock)
+        handlers = unattended(self._cfg, self._home, reports=reports, store=store,
+                              audit=rt.audit)
+        dispatcher = Dispatcher(self._cfg.wakes, handlers, inbox=inbox,
                                 supervisor=supervisor, db=rt.db, audit=rt.audit,
                                 alerts=rt.alerts, clock=rt.clock)
         wakes = await dispatcher.recover()
         listeners = await self._listen(rt, inbox, dispatcher)
-        chat = await self._chat(rt, inbox, dispatcher, listeners)
+        chat = await self._chat(rt, inbox, dispatcher, listeners, reports)
         await dispatcher.tell_interrupted(wakes)
         schedules = ScheduleRunner(
-            ScheduleStore(rt.db, timezone=self._cfg.budget.timezone, clock=rt.clock), inbox,
-            audit=rt.audit, grace_s=self._cfg.wakes.missed_fire_grace_s, clock=rt.clock,
-            on_enqueued=dispatcher.poke,
+            store, inbox, audit=rt.audit, grace_s=self._cfg.wakes.missed_fire_grace_s,
+            clock=rt.clock, on_enqueued=dispatcher.poke,
         )
         missed = await schedules.start()  # queued now, taken once the dispatcher runs below
         with recording_stop_signals(self._stop, self._hurry):
@@ -141,17 +146,24 @@ class Daemon:
         self.state = State.READY
         await asyncio.to_thread(self._publish, "ready")
         polls_stop = asyncio.Event()
+        exports_stop = asyncio.Event()
         async with asyncio.TaskGroup() as group, _http_client(self._cfg) as http:
             intake = group.create_task(dispatcher.run(), name="dispatcher")
             if chat is not None:
                 group.create_task(chat.watch(rt), name="chat liveness")
+            if self._cfg.otel is not None:  # every finished run's trace, to an OTLP receiver
+                exporter = TraceExporter(
+                    self._cfg.otel, audit=rt.audit, site=self._cfg.site, clock=rt.clock,
+                    queue_path=self._home.state_dir / "otel-queue.json", http=http,
+                    environ=os.environ)
+                group.create_task(exporter.run(exports_stop), name="otel")
             for name, spec in self._cfg.pollers.items():
                 one = Poller(name, spec, inbox=inbox, db=rt.db, audit=rt.audit, clock=rt.clock,
                              http=http, environ=os.environ, cwd=self._cfg.workspace,
                              on_accepted=dispatcher.poke, alerts=rt.alerts)
                 group.create_task(_keep_polling(one, polls_stop, rt), name=f"poll-{name}")
             heads = HeadPublisher(rt.audit, rt.alerts, post_heads=self._alerts_routed,
-                                  zone=ZoneInfo(self._cfg.budget.timezone), clock=rt.clock)
+                                  clock=rt.clock)
             group.create_task(heads.run(polls_stop), name="audit-head")
             await self._stop.wait()
             self.state = State.DRAINING
@@ -159,13 +171,16 @@ class Daemon:
                 await listener.stop()
             if self._web is not None:
                 self._web.close()
-            if chat is not None:
-                await chat.stop()
             await schedules.stop()
             polls_stop.set()
             dispatcher.stop_intake()
             await intake
             await self._drain(dispatcher)
+            exports_stop.set()  # what is still queued is sent by the next start
+            if chat is not None:
+                # Last: the runs ending in the drain answer in their threads, and alerts go
+                # out, through it. A mention meanwhile is made durable and runs after a restart.
+                await chat.stop()
 
     async def _listen(
         self, rt: Runtime, inbox: Inbox, dispatcher: Dispatcher
@@ -213,10 +228,11 @@ class Daemon:
 
     async def _chat(
         self, rt: Runtime, inbox: Inbox, dispatcher: Dispatcher,
-        listeners: list[WebhookListener],
+        listeners: list[WebhookListener], reports: Reports,
     ) -> _Chat | None:
         """Connect the configured chat platforms (after the listeners, before readiness); their
-        conversations take the chat wakes, and alerts go to their alert channel if one is set."""
+        conversations take the chat wakes, unattended runs report there, and alerts go to
+        their alert channel if one is set."""
         adapters: dict[str, ChatAdapter] = {}
         watched: dict[str, Watched] = {}
         silent_after_s: dict[str, float] = {}
@@ -238,7 +254,8 @@ class Daemon:
                                       clock=rt.clock)
         router = ChatRouter(self._cfg.chat, conversations, inbox=inbox,
                             board=QuestionBoard(rt.db, clock=rt.clock), db=rt.db,
-                            audit=rt.audit, alerts=rt.alerts, on_accepted=dispatcher.poke)
+                            audit=rt.audit, alerts=rt.alerts, on_accepted=dispatcher.poke,
+                            reports=reports)
         try:
             # Connected side by side: discord.py alone waits out its guild-ready delay.
             started = await asyncio.gather(
@@ -260,9 +277,10 @@ class Daemon:
                 "connected", silent_after_s[name], connected_at=adapter.heard().connected_at,
             ).published()
         dispatcher.add_handler(CHAT_SOURCE, conversations)
+        reports.connect(adapters)
         if any(s is not None and s.alert_channel
                for s in (self._cfg.chat.slack, self._cfg.chat.discord)):
-            rt.alerts.route_to(router.post_alert)
+            rt.alerts.add_route(router.post_alert)  # the one-shot Web API stays as fallback
             self._alerts_routed = True
         liveness = Liveness(watched, silent_after_s, audit=rt.audit, alerts=rt.alerts,
                             clock=rt.clock, publish=self._publish_chat)
@@ -346,6 +364,11 @@ class _Chat:
 
 
 def _check_secrets(cfg: Config) -> None:
+    for header, var in (cfg.otel.headers_env.items() if cfg.otel is not None else ()):
+        if not os.environ.get(var):
+            raise ConfigError(
+                f"otel.headers_env: {var} (the value of the {header} header) is not set in the"
+                " environment; every export would be refused", key="otel.headers_env")
     for name, route in cfg.webhooks.items():
         if not any(os.environ.get(var) for var in route.secret_env):
             names = ", ".join(route.secret_env)

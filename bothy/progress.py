@@ -1,7 +1,8 @@
 """What a foreground ``bothy run`` shows while it works, on stderr.
 
-On a terminal: the agent's text as it streams, then a live status line (elapsed time, tokens,
-cost) redrawn in place. Elsewhere (a pipe, a log file): plain lines, one per step, so that a
+On a terminal: the agent's text as it streams (each message held back while it could still be
+``NO_REPLY``, which is never shown), then a live status line (elapsed time, tokens, cost)
+redrawn in place. Elsewhere (a pipe, a log file): plain lines, one per step, so that a
 log stays readable and greppable.
 
 Each display is a :class:`~bothy.engine.run.Progress` (what the run shows) and also shows the
@@ -15,6 +16,7 @@ import sys
 import time
 from typing import TextIO
 
+from bothy.engine.run import NO_REPLY
 from bothy.money import format_usd
 
 
@@ -39,11 +41,18 @@ class PlainProgress:
     def text(self, delta: str) -> None:
         """Plain output keeps the answer for the final line only."""
 
+    def message_end(self) -> None:
+        """Plain output shows no messages."""
+
     def usage(self, tokens: int, cost_micros: int) -> None:
         self._line(f"usage {tokens} tokens, {format_usd(cost_micros, 4)} usd")
 
     def question(self, run_id: str, text: str) -> None:
         self._line(f"question: {text}  (answer: bothy answer {run_id} yes|no|TEXT)")
+
+    def declined(self, run_id: str, text: str) -> None:
+        self._line(f"question declined: {text}  (this run cannot wait; it goes on without"
+                   " an answer)")
 
     def finish(self) -> None:
         """Plain lines leave nothing to clear."""
@@ -59,6 +68,8 @@ class TerminalProgress:
         self._cost_micros = 0
         self._status = "admitted"
         self._mid_text = False
+        self._held = ""  # the current message's text while it could still be NO_REPLY
+        self._holding = True  # the current message has shown nothing yet
 
     def admitted(self, run_id: str) -> None:
         self._status = run_id
@@ -73,8 +84,26 @@ class TerminalProgress:
         self._redraw()
 
     def text(self, delta: str) -> None:
-        self._out.write("\r\033[K" + delta if not self._mid_text else delta)
-        self._mid_text = not delta.endswith("\n")
+        """Stream ``delta``; a message's text is held while it could still be ``NO_REPLY``."""
+        if self._holding:
+            self._held += delta
+            if NO_REPLY.startswith(self._held.strip()):
+                return
+            self._holding, delta, self._held = False, self._held, ""
+        self._write(delta)
+
+    def message_end(self) -> None:
+        """A message complete: what was held is shown unless it is ``NO_REPLY``; the next
+        message starts on a line of its own."""
+        held, self._held, self._holding = self._held, "", True
+        if held.strip() and held.strip() != NO_REPLY:
+            self._write(held)
+        if self._mid_text:
+            self._write("\n")
+
+    def _write(self, text: str) -> None:
+        self._out.write("\r\033[K" + text if not self._mid_text else text)
+        self._mid_text = not text.endswith("\n")
         self._out.flush()
 
     def usage(self, tokens: int, cost_micros: int) -> None:
@@ -89,8 +118,17 @@ class TerminalProgress:
                         f" bothy answer {run_id} yes|no|TEXT\n")
         self._out.flush()
 
+    def declined(self, run_id: str, text: str) -> None:
+        if self._mid_text:
+            self._out.write("\n")
+            self._mid_text = False
+        self._out.write(f"\r\033[K? {text}\n  (this run cannot wait: it goes on without an"
+                        " answer)\n")
+        self._out.flush()
+
     def finish(self) -> None:
-        self._out.write("\r\033[K" if not self._mid_text else "\n")
+        self.message_end()  # a run cut short mid-message: what it held, unless NO_REPLY
+        self._out.write("\r\033[K")
         self._out.flush()
 
     def _redraw(self) -> None:

@@ -314,9 +314,9 @@ def connection_line(name: str, entry: dict[str, Any]) -> str:
         line += f", reconnected {entry['reconnects']} time(s)"
     bound, silent = entry.get("silent_after_s"), entry.get("silent_s")
     if isinstance(bound, int | float) and isinstance(silent, int) and silent > bound:
-        line += f"; silent {silent} s (reconnected after {bound:g} s)"
+        line += f"; silent {silent} s (more than silent_after_s, {bound:g} s)"
     if entry.get("problem"):
-        line += f"; {entry['state']}: {entry['problem']}"
+        line += f"; {entry['state']}, last failure: {entry['problem']}"
     return line
 
 

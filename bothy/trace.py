@@ -10,18 +10,16 @@ derived from the run id, so the same run always gives the same trace.
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from bothy.engine.audit import AuditRecord
+from bothy.engine.auditrecord import AuditRecord
 from bothy.engine.traceids import span_id, trace_id
 
-__all__ = ["OtlpRefused", "Span", "build_spans", "otlp_request", "render_tree", "send_otlp",
-           "span_id", "trace_id"]
+__all__ = ["OtlpRefused", "Span", "build_spans", "otlp_answer", "otlp_request", "render_tree",
+           "send_otlp", "span_id", "trace_id"]
 
 SPAN_KIND_INTERNAL = 1
 SPAN_KIND_SERVER = 2
@@ -48,6 +46,9 @@ class Span:
     kind: int = SPAN_KIND_INTERNAL
     attributes: dict[str, Any] = field(default_factory=dict)
     summary: str = ""  # what the tree line says after the name
+    # The summary holds what a person or the model wrote (a question, a command, a reason):
+    # held back from an export unless its content is asked for (config ``otel.include_content``).
+    content: bool = False
 
     @property
     def status(self) -> int:
@@ -86,6 +87,7 @@ class _Builder:
         self._question: Span | None = None
         self._answered: Span | None = None  # the last question an answer ended
         self._turns = 0
+        self._turn_spans: dict[str, Span] = {}  # by Codex's turn id
         self._finished: datetime | None = None
         self._counts: dict[str, int] = {}
 
@@ -143,6 +145,7 @@ class _Builder:
                             **({"gen_ai.conversation.id": str(d["thread_id"])}
                                if "thread_id" in d else {})},
                 summary=f"model {model}"))
+            self._turn_spans[str(d.get("turn_id", ""))] = self._turn
             self.root.attributes.setdefault("gen_ai.request.model", model)
         elif pair == ("run", "question"):
             tool = str(d.get("tool", ""))
@@ -150,7 +153,7 @@ class _Builder:
                 self._key("question"), f"question {d.get('kind', '')} {tool}".strip(),
                 r.ts, r.ts, self._inside(), outcome="pending",
                 attributes=_attrs("bothy.question", d, "kind", "tool", "hold_s"),
-                summary=str(d.get("question", ""))))
+                summary=str(d.get("question", "")), content=True))
         elif r.kind == "question" and r.event in _QUESTION_ENDS:
             span = self._question or self._instant(r, "question", "question", {}, "")
             span.end, span.outcome = r.ts, r.outcome
@@ -172,7 +175,7 @@ class _Builder:
             self._instant(r, "late_answer", "late answer", {"bothy.answer.by": str(d.get("by", "")),
                                                              "bothy.late": True},
                           f"from {d.get('by', '?')}: {d.get('note', 'the run had moved on')}",
-                          parent="run")
+                          parent="run", content=True)
         elif r.kind == "tool" and r.event in ("allowed", "refused"):
             tool = str(d.get("tool", ""))
             attrs = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
@@ -180,7 +183,7 @@ class _Builder:
             if "code" in d:
                 attrs["bothy.refused_because"] = str(d["code"])
             why = d.get("why") or d.get("reason") or ""
-            self._instant(r, "tool", f"tool {tool} {r.event}", attrs, str(why))
+            self._instant(r, "tool", f"tool {tool} {r.event}", attrs, str(why), content=True)
         elif pair == ("tool", "ran"):
             ms = d.get("duration_ms")
             start = r.ts
@@ -196,10 +199,11 @@ class _Builder:
             if d.get("exit_code") is not None:
                 summary += f" (exit {d['exit_code']})"
             self._add(Span(self._key("ran"), f"{name} ran", start, r.ts, self._inside(),
-                           outcome=r.outcome, attributes=attrs, summary=summary))
+                           outcome=r.outcome, attributes=attrs, summary=summary, content=True))
         elif r.kind == "run" and r.event in ("verified", "verification-failed"):
             self._instant(r, "verification", f"verification {r.event}",
-                          _attrs("bothy.verification", d, "attempt"), str(d.get("reason", "")))
+                          _attrs("bothy.verification", d, "attempt"),
+                          str(d.get("failure") or d.get("reason") or ""), content=True)
         elif pair == ("worker", "stopped"):
             self._close_turn(r.ts)
             if self._worker is not None:
@@ -221,20 +225,23 @@ class _Builder:
                 self.root.attributes["bothy.reason"] = str(d["reason"])
             if "cost_usd" in d:
                 self.root.attributes["bothy.cost_micros"] = _micros(d["cost_usd"])
-            for ours, theirs in (("input_tokens", "gen_ai.usage.input_tokens"),
-                                 ("output_tokens", "gen_ai.usage.output_tokens")):
-                if isinstance(d.get(ours), int):
-                    self.root.attributes[theirs] = d[ours]
+            for used in d.get("turns") or []:  # what each turn used, as Codex reported it
+                if isinstance(used, dict) and str(used.get("turn_id")) in self._turn_spans:
+                    turn = self._turn_spans[str(used["turn_id"])]
+                    turn.summary = ", ".join(filter(None, (turn.summary, _usage(turn, used))))
+            tokens = _usage(self.root, d)
             self.root.summary = (f"{d.get('outcome', r.outcome)} cost {d.get('cost_usd', '?')} usd"
+                                 + (f", {tokens}" if tokens else "")
                                  + (f": {d['reason']}" if d.get("reason") else ""))
         else:
             self._instant(r, f"{r.kind}_{r.event}", f"{r.kind} {r.event}",
                           {"bothy.record": f"{r.kind} {r.event}"}, "")
 
     def _instant(self, r: AuditRecord, stem: str, name: str, attrs: dict[str, Any],
-                 summary: str, *, parent: str | None = None) -> Span:
+                 summary: str, *, parent: str | None = None, content: bool = False) -> Span:
         return self._add(Span(self._key(stem), name, r.ts, r.ts, parent or self._inside(),
-                              outcome=r.outcome, attributes=attrs, summary=summary))
+                              outcome=r.outcome, attributes=attrs, summary=summary,
+                              content=content))
 
     def _close_turn(self, ts: datetime) -> None:
         if self._turn is not None:
@@ -249,6 +256,20 @@ class _Builder:
             if span is not None and span.end < last:
                 span.end = last  # still open in the register: it lasts as far as we know
         return self.spans
+
+
+def _usage(span: Span, counts: Mapping[str, Any]) -> str:
+    """Set ``gen_ai.usage.input_tokens`` / ``output_tokens`` (GenAI conventions) from recorded
+    counts; what the tree says of them ("" when none were recorded)."""
+    found = {}
+    for ours, theirs in (("input_tokens", "gen_ai.usage.input_tokens"),
+                         ("output_tokens", "gen_ai.usage.output_tokens")):
+        value = counts.get(ours)
+        if isinstance(value, int) and not isinstance(value, bool):
+            span.attributes[theirs] = found[ours] = value
+    if not found:
+        return ""
+    return f"{found.get('input_tokens', 0)} in, {found.get('output_tokens', 0)} out tokens"
 
 
 def _attrs(prefix: str, details: Mapping[str, Any], *names: str) -> dict[str, Any]:
@@ -299,15 +320,19 @@ def _duration(seconds: float) -> str:
 
 
 def otlp_request(run_id: str, spans: Iterable[Span], *, site: str | None = None,
-                 version: str = "") -> dict[str, Any]:
+                 version: str = "", include_content: bool = True) -> dict[str, Any]:
     """An ``ExportTraceServiceRequest`` in OTLP/JSON: hex ids, integer enums, lowerCamelCase
-    keys, 64-bit integers as decimal strings."""
+    keys, 64-bit integers as decimal strings.
+
+    Without ``include_content``, a span whose summary holds what a person or the model wrote
+    (a question, a command, a reason) carries neither it nor a status message made of it."""
     tid = trace_id(run_id)
     resource = [_kv("service.name", _SERVICE)]
     if site:
         resource.append(_kv("bothy.site", site))
     out = []
     for span in spans:
+        said = span.summary if include_content or not span.content else ""
         item: dict[str, Any] = {
             "traceId": tid,
             "spanId": span_id(run_id, span.key),
@@ -317,13 +342,12 @@ def otlp_request(run_id: str, spans: Iterable[Span], *, site: str | None = None,
             "endTimeUnixNano": str(_nanos(span.end)),
             "attributes": [_kv(k, v) for k, v in span.attributes.items() if v is not None],
             "status": {"code": span.status}
-            | ({"message": span.summary} if span.status == STATUS_ERROR and span.summary
-               else {}),
+            | ({"message": said or span.outcome} if span.status == STATUS_ERROR else {}),
         }
         if span.parent is not None:
             item["parentSpanId"] = span_id(run_id, span.parent)
-        if span.summary and span.status != STATUS_ERROR:
-            item["attributes"].append(_kv("bothy.summary", span.summary))
+        if said and span.status != STATUS_ERROR:
+            item["attributes"].append(_kv("bothy.summary", said))
         out.append(item)
     return {"resourceSpans": [{
         "resource": {"attributes": resource},
@@ -361,6 +385,9 @@ class OtlpRefused(Exception):
 def send_otlp(url: str, request: Mapping[str, Any], *, timeout_s: float = 10.0,
               headers: Mapping[str, str] | None = None) -> str:
     """POST the request once; what the receiver said on success, else :class:`OtlpRefused`."""
+    import urllib.error  # here: a trace shown on a terminal needs no HTTP client
+    import urllib.request
+
     body = json.dumps(request).encode()
     http = urllib.request.Request(url, data=body, method="POST",
                                   headers={"Content-Type": "application/json", **(headers or {})})
@@ -372,6 +399,12 @@ def send_otlp(url: str, request: Mapping[str, Any], *, timeout_s: float = 10.0,
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise OtlpRefused(f"cannot reach {url}: {reason}") from None
+    return otlp_answer(url, status, raw)
+
+
+def otlp_answer(url: str, status: int, raw: bytes) -> str:
+    """What an OTLP/HTTP receiver's answer means: what it said when it took the whole trace,
+    else :class:`OtlpRefused` (a non-2xx status, or a partial success rejecting spans)."""
     if not 200 <= status < 300:
         raise OtlpRefused(f"{url} answered {status}: {_message(raw)}")
     try:

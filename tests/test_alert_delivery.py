@@ -237,3 +237,44 @@ async def test_an_alert_about_a_discord_thread_links_to_it(
     (post,) = discord.posts
     assert post.content == ("! **WARNING** `acme-mini` — run: stuck\nrun `run_1` · [the thread]"
                             f"(https://discord.com/channels/{GUILD_ID}/1200000000000000002)")
+
+
+async def test_a_slack_that_never_answers_is_cut_off_at_the_timeout(
+    tmp_path: Path, slack: FakeSlack,
+) -> None:
+    """chat.postMessage hanging: the post is abandoned at chat.alert_timeout_s and audited
+    undelivered saying so; the command still ends as it would have."""
+    slack.hang_method("chat.postMessage")
+    site = Site(tmp_path, _NO_MODEL, chat={**_slack_chat(slack), "alert_timeout_s": 1})
+    _broken_register(site)
+    repaired = await site.bothy("audit", "repair", timeout_s=20,
+                                **{**_NO_TOKENS, "SLACK_BOT_TOKEN": SLACK_TOKEN})
+    assert repaired.code == 0, repaired.stderr
+    (record,) = _alert_records(site)
+    assert record["event"] == "undelivered"
+    assert record["details"]["error"] == (f"Cannot post an alert to slack:{_ALERTS}: no answer"
+                                          " within 1 s (chat.alert_timeout_s)")
+
+
+async def test_an_alert_from_bothy_schedule_run_arrives_in_the_slack_alert_channel(
+    tmp_path: Path, slack: FakeSlack,
+) -> None:
+    """A schedule fired by `bothy schedule run` that stays unverified alerts the channel,
+    naming the schedule's wake and its run."""
+    async with ModelServer() as server:
+        server.script(*[text("not yet") for _ in range(5)])
+        site = Site(tmp_path, server.base_url, chat=_slack_chat(slack))
+        env = {**_NO_TOKENS, "SLACK_BOT_TOKEN": SLACK_TOKEN}
+        added = await site.bothy("schedule", "add", "backups", "--cron", "0 3 * * *",
+                                 "--prompt", "Check the backups, then say DONE",
+                                 "--verify-regex", "DONE", **env)
+        assert added.code == 0, added.stderr
+        done = await site.bothy("schedule", "run", "backups", **env)
+    (record,) = _alert_records(site)
+    assert (record["event"], record["details"]["about"]) == ("sent", "unverified run")
+    (post,) = slack.posts
+    assert post.channel == _ALERTS
+    assert post.text.startswith("! *WARNING* `test-site` — unverified run: still failing"
+                                " verification after 5 attempts")
+    assert post.text.endswith(f"\nwake `{record['subject']}` · run `{record['run_id']}`")
+    assert record["run_id"] in done.stdout

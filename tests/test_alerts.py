@@ -69,3 +69,31 @@ async def test_a_failing_route_is_audited_as_undelivered(tmp_path: Path) -> None
     (record,) = list(log.records())
     assert (record.event, record.details["route"]) == ("undelivered", "failed")
     assert "slack is down" in record.details["error"]
+
+
+async def test_a_failing_first_route_falls_back_to_the_next(tmp_path: Path) -> None:
+    """bothy serve's connection first, the one-shot Web API after: a failure of the first is
+    recorded beside the route that delivered; both failing is undelivered with both errors."""
+    log = AuditLog(tmp_path / "audit.jsonl")
+    delivered: list[str] = []
+
+    async def one_shot(alert: Alert) -> str:
+        if "twice" in alert.reason:
+            raise ConnectionError("the Web API is down too")
+        delivered.append(alert.text())
+        return "slack:C-ALERTS"
+
+    async def connection(alert: Alert) -> str:
+        raise ConnectionError("the socket is dead")
+
+    alerts = Alerts(log, site="acme-mini", clock=_Clock())
+    alerts.route_to(one_shot)
+    alerts.add_route(connection)
+    await alerts.raise_alert("chat", "silent for 300 s", subject="slack")
+    await alerts.raise_alert("chat", "silent twice", subject="slack")
+    sent, undelivered = list(log.records())
+    assert (sent.event, sent.details["route"], sent.details["failed_first"]) == (
+        "sent", "slack:C-ALERTS", ["the socket is dead"])
+    assert delivered == ["! **WARNING** `acme-mini` — chat: silent for 300 s\nwake `slack`"]
+    assert (undelivered.event, undelivered.details["error"]) == (
+        "undelivered", "the socket is dead; the Web API is down too")

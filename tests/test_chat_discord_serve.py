@@ -336,3 +336,19 @@ async def test_a_reply_in_the_thread_continues_the_conversation_even_after_a_res
                  "It was 64% last week.", "what is filling it?"):
         assert said in history
     assert not audit_records(site, lambda r: (r.kind, r.event) == ("thread", "resume-failed"))
+
+
+async def test_a_mention_answered_no_reply_leaves_no_empty_thread(
+    tmp_path: Path, server: ModelServer, discord: FakeDiscord
+) -> None:
+    """A mention whose run answers NO_REPLY is seen (the reaction) but starts no thread and
+    posts nothing: the thread is opened only when there is something to say in it."""
+    server.script(text("NO_REPLY"))
+    site = _site(tmp_path, server)
+    async with serving(site, discord) as daemon:
+        mention = await discord.send_mention(OPERATOR, CHANNEL_ID, "anything to do?")
+        await until(lambda: bool(_records(site, "run", "finished")), "the run finished")
+        await _stopped_cleanly(daemon)
+    assert [(r.message_id, r.emoji) for r in discord.reactions] == [(mention, SEEN)]
+    assert discord.threads == []
+    assert _posts_in(discord, mention) == [] and _posts_in(discord, CHANNEL_ID) == []

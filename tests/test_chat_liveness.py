@@ -64,6 +64,16 @@ def slack_site(root: Path, server: ModelServer, slack: FakeSlack) -> Site:
     return Site(root, server.base_url, listen={"tailnet_port": free_port()}, chat=chat)
 
 
+async def discord_site(
+    root: Path, server: ModelServer, network: DiscordNetwork, *, silent_after_s: float
+) -> Site:
+    chat = {"discord": {"allowed_users": [ALICE_ID], "alert_channel": ALERT_CHANNEL_ID,
+                        "silent_after_s": silent_after_s}}
+    return await network.attach(
+        Site(root, server.base_url, listen={"tailnet_port": free_port()}, chat=chat),
+        ports=[server.port])
+
+
 def records(site: Site, kind: str, event: str) -> list[Any]:
     return audit_records(site, lambda r: (r.kind, r.event) == (kind, event))
 
@@ -161,6 +171,7 @@ async def test_a_reconnect_that_fails_is_audited_alerted_and_tried_again(
                     "`chat reconnect-failed` in the register")
         await until(lambda: any(p.channel == ALERTS for p in slack.posts), "the alert")
         down = await shell.bothy("status")
+        doctor = await shell.bothy("doctor")
         slack.refuse_sockets = False
         await until(lambda: bool(records(site, "chat", "reconnected")), "`chat reconnected`")
         assert await serving.stop() == 0
@@ -170,6 +181,9 @@ async def test_a_reconnect_that_fails_is_audited_alerted_and_tried_again(
     assert "chat:slack" in alert and "could not be reconnected" in alert, alert
     assert records(site, "alert", "sent")
     assert "chat connections: slack unreachable" in down.stdout, down.stdout
+    assert re.search(r"^\[warn\] chat connections: slack: last event .*; silent \d+ s .*;"
+                     r" (unreachable|reconnecting), last failure: Cannot open the Slack socket",
+                     doctor.stdout, re.M), doctor.stdout
     assert slack.peak_open_sockets == 1
     assert slack.silent_sockets_open == 0
 
@@ -202,11 +216,7 @@ async def test_a_silent_discord_gateway_is_resumed_and_what_it_missed_is_answere
     never two sockets open at once."""
     fake = discord_network.fake
     server.script(text("Back on Discord."))
-    chat = {"discord": {"allowed_users": [ALICE_ID], "alert_channel": ALERT_CHANNEL_ID,
-                        "silent_after_s": SILENT_AFTER_S}}
-    site = await discord_network.attach(
-        Site(tmp_path, server.base_url, listen={"tailnet_port": free_port()}, chat=chat),
-        ports=[server.port])
+    site = await discord_site(tmp_path, server, discord_network, silent_after_s=SILENT_AFTER_S)
     async with Shell(site) as shell:
         serving = await start_serve(shell)
         session = fake.session_id
@@ -226,3 +236,56 @@ async def test_a_silent_discord_gateway_is_resumed_and_what_it_missed_is_answere
     discord = report["chat_connections"]["discord"]
     assert discord["state"] == "connected" and discord["reconnects"] == 1
     assert discord["last_ping_s_ago"] is not None
+
+
+async def test_a_discord_gateway_whose_resume_never_comes_back_gets_a_new_session(
+    tmp_path: Path, server: ModelServer, discord_network: DiscordNetwork
+) -> None:
+    """A silent gateway whose RESUME gets no answer is given up for a new client and a new
+    session (IDENTIFY); the bot answers mentions again."""
+    fake = discord_network.fake
+    server.script(text("New session."))
+    site = await discord_site(tmp_path, server, discord_network, silent_after_s=4.0)
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        first = fake.session_id
+        fake.hold_resumes()
+        fake.silence()
+        await until(lambda: bool(records(site, "chat", "reconnected")), "`chat reconnected`")
+        fake.release_resumes()
+        mention = await fake.send_mention(ALICE_ID, CHANNEL_ID, "hello again")
+        await fake.wait_for(lambda: fake.posts_in(mention), "the answer", timeout_s=30.0)
+        assert await serving.stop() == 0
+    assert fake.session_id != first
+    assert sum(c.identify is not None for c in fake.connections) == 2
+    assert [p.content for p in fake.posts_in(mention)] == ["New session."]
+    assert records(site, "chat", "reconnect-failed") == []
+
+
+async def test_a_discord_reconnect_that_fails_is_audited_and_alerted_then_tried_again(
+    tmp_path: Path, server: ModelServer, discord_network: DiscordNetwork
+) -> None:
+    """A silent gateway that cannot be replaced (Discord refuses the upgrade) is audited
+    `chat reconnect-failed` and alerted (undelivered: the only alert route is Discord
+    itself); once the gateway is back the next attempt reconnects."""
+    fake = discord_network.fake
+    site = await discord_site(tmp_path, server, discord_network, silent_after_s=4.0)
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        fake.gateway_available = False
+        fake.silence()
+        await until(lambda: bool(records(site, "chat", "reconnect-failed")),
+                    "`chat reconnect-failed` in the register")
+        fake.gateway_available = True
+        await until(lambda: bool(records(site, "chat", "reconnected")), "`chat reconnected`")
+        assert await serving.stop() == 0
+    failed = records(site, "chat", "reconnect-failed")[0]
+    assert failed.details["platform"] == "discord", failed.details
+    alerts = [r for r in audit_records(site) if r.kind == "alert"]
+    assert alerts and alerts[0].subject == "chat:discord", alerts
+    # The gateway is down but Discord's REST API is not: the alert goes out by the one-shot
+    # post a command would make, into the alert channel.
+    assert alerts[0].event == "sent", alerts[0]
+    assert any("reconnect" in post.content for post in fake.posts_in(ALERT_CHANNEL_ID)), \
+        fake.posts
+    assert fake.peak_open_connections == 1

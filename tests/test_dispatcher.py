@@ -16,6 +16,8 @@ from bothy.runtime import Runtime
 from bothy.wakes.dispatcher import Dispatcher
 from bothy.wakes.handlers import unattended
 from bothy.wakes.inbox import Delivery, Inbox
+from bothy.wakes.reports import Reports
+from bothy.wakes.schedules import ScheduleStore
 from tests.fakes.codex import codex_binary
 from tests.fakes.shell import until
 
@@ -33,7 +35,10 @@ async def test_a_wake_that_cannot_be_handled_is_abandoned_audited_and_raised(
                        path=home.config_path)
     async with Runtime.open(home, cfg) as rt:
         inbox = Inbox(home.inbox_dir, rt.db, clock=rt.clock)
-        dispatcher = Dispatcher(cfg.wakes, unattended(cfg, home), inbox=inbox,
+        reports = Reports(cfg, db=rt.db, audit=rt.audit, alerts=rt.alerts, clock=rt.clock)
+        store = ScheduleStore(rt.db, timezone=cfg.budget.timezone, clock=rt.clock)
+        handlers = unattended(cfg, home, reports=reports, store=store, audit=rt.audit)
+        dispatcher = Dispatcher(cfg.wakes, handlers, inbox=inbox,
                                 supervisor=rt.supervisor(), db=rt.db, audit=rt.audit,
                                 alerts=rt.alerts, clock=rt.clock)
         dispatcher.add_handler(CHAT_SOURCE, Conversations(cfg, {}, db=rt.db, audit=rt.audit,

@@ -457,6 +457,17 @@ async def test_schedule_add_list_rm_through_the_cli(tmp_path: Path) -> None:
      "bothy: --max-usd 5 is more than budget.per_run_usd (0.50)"),
     (["schedule", "add", "x", "--cron", "0 3 * * *", "--heartbeat", "--profile", "ops"],
      "bothy: --profile 'ops' is not a configured profile"),
+    (["schedule", "add", "x", "--cron", "0 3 * * *", "--heartbeat", "--report-to", "slack:C0OPS"],
+     "bothy: --report-to 'slack:C0OPS' names slack, but chat.slack is not configured"),
+    (["schedule", "add", "x", "--cron", "0 3 * * *", "--heartbeat", "--report-to", "#ops"],
+     "bothy: --report-to '#ops' is not a report target: expected slack:CHANNEL or"
+     " discord:CHANNEL"),
+    (["schedule", "add", "x", "--cron", "0 3 * * *", "--heartbeat", "--report-to", "slack:ops"],
+     "bothy: --report-to 'slack:ops': 'ops' is not a Slack channel id such as C0OPS"),
+    (["schedule", "add", "x", "--cron", "0 3 * * *", "--prompt", "hi", "--preflight-cmd", "true"],
+     "bothy: --preflight-cmd goes with --heartbeat"),
+    (["schedule", "add", "x", "--cron", "0 3 * * *", "--heartbeat", "--preflight-cmd", " "],
+     "bothy: --preflight-cmd is empty: give the check to run first"),
     (["schedule", "rm", "ghost"], "bothy: there is no schedule 'ghost' (see bothy schedule list)"),
     (["schedule", "run", "ghost"], "bothy: there is no schedule 'ghost'"),
     (["sop", "show", "ghost"], "bothy: there is no SOP 'ghost' (see bothy sop list)"),
@@ -716,7 +727,8 @@ async def test_a_fire_missed_while_serve_was_down_runs_once_when_it_starts(
         "action": "prompt", "attempt": 1}
     assert any(t == "Say TICKED and nothing else." for t in _prompts(server.requests[0]))
     lines = [line.split(" ", 2)[2] for line in site.audit_lines() if line.endswith(str(run_id))]
-    assert lines[-1] == f"run finished ok schedule:tick {run_id}"
+    assert lines[-2:] == [f"run finished ok schedule:tick {run_id}",  # and no chat to tell:
+                          f"report undelivered failed schedule:tick {run_id}"]
     assert len(server.requests) == 1
     db = sqlite3.connect(site.home / "state" / "bothy.sqlite3")
     try:

@@ -2,17 +2,32 @@
 each point of a delivery's life, then a restart; counted from the register.
 
 Each case starts a daemon with a pool of one worker, brings deliveries to the point under test
-(answered in a burst; with the model, mid-turn; waiting in its lane behind it; waiting for the
-pool slot; just started; during the drain), signals the daemon, waits for it to end, starts a
-second daemon on the same home and waits until every delivery that was answered 200 has either
-reached a worker or been closed out loud. Then, from the register:
+(answered in a burst; received but not yet admitted; with the model, mid-turn; waiting in its
+lane behind it; waiting for the pool slot; just started; during the drain; during the stop
+stage), signals the daemon, waits for it to end, starts a second daemon on the same home and
+waits until every delivery that was answered 200 has either reached a worker or been closed
+out loud. Then, from the register and the state database:
 
 - 0 lost: every delivery answered 200 has a ``run started`` (under any of its attempts' run
   ids, found through the ``wake received`` records that name it) or a record closing it out
   loud (``wake interrupted``, ``wake abandoned``, ``wake crashed``);
 - 0 run twice: no delivery has two ``run started``;
 - 0 codex left: every worker group any run started is empty;
-- the chain is intact (``bothy audit verify``) and no run is left queued or running in state.
+- the chain is intact (``bothy audit verify``) and no run is left queued or running in state;
+- reservations settled or expiring: what `bothy status` reads as reserved is only what a
+  SIGKILLed run held, named by its `run recovered` record and lapsing within
+  ``budget.reservation_expiry_s`` of it.
+
+The points, and what holds a delivery there long enough to signal:
+
+- ``received``: budget mode ``plan`` on a fresh site: the first run is admitted to learn the
+  rate-limit windows and held mid-turn; a second delivery is received (``wake received``) and
+  waits behind it to be admitted; a third is in the inbox, not yet taken;
+- ``held``: one run mid-turn, one waiting in its lane behind it, one waiting for the slot;
+- ``drain``: as ``held``, then SIGTERM; the signal under test comes within the grace;
+- ``stop-stage``: as ``held`` with each run tied to a Cairn task, then SIGTERM: the grace
+  passes, the waiting runs withdraw, the run mid-turn is stopped, and the signal under test
+  comes while it ends (its note to Cairn, made slow, is under way).
 """
 
 from __future__ import annotations
@@ -24,15 +39,20 @@ import sqlite3
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from bothy.engine.audit import AuditRecord
 from bothy.engine.procgroup import live_members
+from bothy.home import BothyHome
+from bothy.status import collect_status, status_view
 from tests.fakes import github
-from tests.fakes.model_server import ModelServer, stall, text
+from tests.fakes.cairn import FakeCairn
+from tests.fakes.model_server import ModelServer, RateLimits, RateLimitWindow, stall, text
 from tests.fakes.shell import DEADLINE_S, Shell, audit_records, started_group, until
 from tests.fakes.site import Site
 from tests.test_serve import (
@@ -118,16 +138,79 @@ async def _just_started(site: Site, serving: Serving, server: ModelServer) -> Re
     return Reached(keys)
 
 
+async def _received(site: Site, serving: Serving, server: ModelServer) -> Reached:
+    """Budget mode plan, no window known: pr:1 learns them, held mid-turn; pr:2 is received
+    and waits to be admitted behind it; pr:3 waits in the inbox, not yet taken."""
+    working = await queued(serving, github.pull_request_opened(1))
+    async with asyncio.timeout(DEADLINE_S):
+        await server.stalled.wait()
+    behind = await queued(serving, github.pull_request_opened(2))
+    await until_count(site, "wake", "received", "ok", 2)
+    untaken = await queued(serving, github.pull_request_opened(3))
+    assert len(records(site, "run", "admitted")) == 1  # pr:2 received, not admitted
+    return Reached({working, behind, untaken}, waiting={behind})
+
+
 async def _in_the_drain(site: Site, serving: Serving, server: ModelServer) -> Reached:
-    """As `_held`, then SIGTERM: the signal under test comes while the daemon drains."""
+    """As `_held`, then SIGTERM: the signal under test comes while the daemon drains (the
+    grace is long here: nothing has been asked to stop yet)."""
     reached = await _held(site, serving, server)
     serving.command.signal(signal.SIGTERM)
     await until(lambda: not accepting(serving.port), "the listener closed on SIGTERM")
+    assert records(site, "wake", "requeued") == []  # still within the grace
     return reached
 
 
-POINTS: dict[str, Callable[[Site, Serving, ModelServer], Awaitable[Reached]]] = {
-    "burst": _burst, "held": _held, "just-started": _just_started, "drain": _in_the_drain}
+async def _in_the_stop_stage(site: Site, serving: Serving, server: ModelServer) -> Reached:
+    """As `_held`, then SIGTERM; the grace passes, the waiting runs withdraw and are queued
+    again, and the signal under test comes while the run that was mid-turn ends."""
+    reached = await _held(site, serving, server)
+    serving.command.signal(signal.SIGTERM)
+    await until_count(site, "wake", "requeued", "pending", len(reached.waiting))
+    cairn = FakeCairn(site.root / "cairn")
+    await until(lambda: "note" in cairn.verbs(), "the stopped run's note to Cairn under way")
+    assert records(site, "serve", "stopped") == []
+    return reached
+
+
+def _cairn_slow_to_note(root: Path) -> dict[str, Any]:
+    """Each run tied to its task (ACME-N for pr:N); the note at a run's end takes seconds."""
+    cairn = FakeCairn(root / "cairn")
+    for n in (1, 2):
+        cairn.add(f"ACME-{n}")
+    cairn.slow("note", 4)
+    return {"job": {"ref": "ACME-{pull_request.number}"},
+            "cairn": {"command": cairn.command, "timeout_s": 8.0}}
+
+
+def _cairn_quick(root: Path) -> None:
+    FakeCairn(root / "cairn").slow("note", 0)
+
+
+LEARNING = RateLimits(primary=RateLimitWindow(10, 300, 4_102_444_800))  # resets in 2100
+
+
+@dataclass(frozen=True)
+class Point:
+    """How a case reaches its point, and what the site needs for it."""
+
+    reach: Callable[[Site, Serving, ModelServer], Awaitable[Reached]]
+    grace_s: float = GRACE_S
+    site: Callable[[Path], dict[str, Any]] = lambda root: {}
+    before_restart: Callable[[Path], None] = lambda root: None
+    rate_limits: RateLimits | None = None  # on the model's replies (plan mode learns them)
+
+
+POINTS: dict[str, Point] = {
+    "burst": Point(_burst),
+    "received": Point(_received, site=lambda root: {"budget": {"mode": "plan"}},
+                      rate_limits=LEARNING),
+    "held": Point(_held),
+    "just-started": Point(_just_started),
+    "drain": Point(_in_the_drain, grace_s=15.0),
+    "stop-stage": Point(_in_the_stop_stage, site=_cairn_slow_to_note,
+                        before_restart=_cairn_quick),
+}
 
 
 # --- the matrix ---------------------------------------------------------------------------
@@ -142,21 +225,23 @@ async def test_a_stop_or_crash_at_any_point_loses_nothing_and_runs_nothing_twice
 ) -> None:
     """SIGTERM or SIGKILL at `point`, then a restart: every delivery answered 200 runs once or
     is closed out loud, none runs twice, no codex is left, the chain is intact."""
+    at = POINTS[point]
     site = serve_site(tmp_path, server, pool={"max_workers": 1},
-                      wakes={"shutdown_grace_s": GRACE_S})
-    replies = [text(f"Reviewed ({n}).") for n in range(12)]
+                      wakes={"shutdown_grace_s": at.grace_s}, **at.site(tmp_path))
+    replies = [text(f"Reviewed ({n}).", rate_limits=at.rate_limits) for n in range(12)]
     # A burst's first model call may come after the signal: a stall there would hold a run
     # of the second daemon. Every other point signals only once a stall is held (or cannot
     # matter: a run that just started is never run again).
     server.script(*replies if point == "burst" else [stall(), *replies])
     async with Shell(site) as shell:
         serving = await start_serve(shell)
-        reached = await POINTS[point](site, serving, server)
+        reached = await at.reach(site, serving, server)
         serving.command.signal(signum)
         await serving.command.finish(timeout_s=DEADLINE_S)
         if reached.sending is not None:
             await reached.sending
         answered = reached.answered
+        at.before_restart(tmp_path)
 
         restarted = await start_serve(shell)
         with contextlib.suppress(AssertionError):  # the counts below say which were lost
@@ -174,6 +259,7 @@ async def test_a_stop_or_crash_at_any_point_loses_nothing_and_runs_nothing_twice
         assert live_members(group.pgid) == [], f"{run.run_id}'s codex outlived the restart"
     assert verified.code == 0, verified.stdout + verified.stderr
     assert _in_progress(site) == []
+    _assert_reservations_settled_or_expiring(site)
     # What had no worker at the signal is queued again, out loud, and no new worker started
     # after it: the first daemon's only worker is the one that was with the model.
     requeued = {str(r.details["delivery"]) for r in records(site, "wake", "requeued")}
@@ -213,6 +299,25 @@ def _in_progress(site: Site) -> list[tuple[str, str]]:
 
 def _all_finished(site: Site) -> bool:
     return _in_progress(site) == []
+
+
+def _assert_reservations_settled_or_expiring(site: Site) -> None:
+    """Read as `bothy status` reads the state: nothing running or queued, and all that is
+    still reserved (dollars or plan percent) held by runs a SIGKILL left, each lapsing within
+    ``budget.reservation_expiry_s`` of its `run recovered` record."""
+    home = BothyHome(site.home)
+    report = collect_status(home, status_view(home))
+    assert (report["running"], report["queued"]) == ([], {}), report
+    recovered = {str(r.run_id): r.ts for r in records(site, "run", "recovered")}
+    held = report["held_by_crashed_runs"]
+    assert {h["run_id"] for h in held} <= set(recovered), (held, recovered)
+    expiry = timedelta(seconds=int(site.config["budget"].get("reservation_expiry_s", 3600)))
+    for h in held:
+        lapses = datetime.fromisoformat(h["expires_at"])
+        assert lapses <= recovered[h["run_id"]] + expiry + timedelta(minutes=1), h
+    assert report["reserved_usd"] == f"{sum(float(h['held_usd']) for h in held):.4f}", report
+    if not held:
+        assert report["plan"]["reserved_percent"] == 0, report["plan"]
 
 
 # --- a state database restored from an older copy (item 10) --------------------------------

@@ -68,3 +68,58 @@ async def test_a_run_into_a_pipe_prints_plain_lines(tmp_path: Path, server: Mode
     assert "\x1b" not in done.stderr
     assert [line.split()[1] for line in done.stderr.splitlines()] == [
         "admitted", "started", "usage"]
+
+
+async def _on_a_terminal(site: Site, *args: str) -> tuple[int, str]:
+    """Run ``bothy ARGS`` with a pseudo-terminal as stdin, stdout and stderr; its exit code and
+    everything the terminal showed."""
+    primary, secondary = pty.openpty()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bothy", *args,
+        env=site.env(), stdin=secondary, stdout=secondary, stderr=secondary,
+    )
+    os.close(secondary)
+    async with asyncio.timeout(60):
+        screen = (await asyncio.to_thread(_read_all, primary)).decode(errors="replace")
+        code = await process.wait()
+    os.close(primary)
+    return code, screen
+
+
+async def test_a_no_reply_streamed_in_pieces_never_shows_on_a_terminal(
+    tmp_path: Path, server: ModelServer
+) -> None:
+    """NO_REPLY streamed in three deltas is held while it could still be NO_REPLY, then never
+    shown: not even its first piece reaches the terminal."""
+    server.script(text("NO_REPLY", chunks=3))
+    site = Site(tmp_path, server.base_url)
+    code, screen = await _on_a_terminal(site, "run", "anything new?", "--subject", "tty")
+    assert code == 0, screen
+    assert "completed run_" in screen
+    assert "NO_" not in screen, screen
+
+
+async def test_text_that_only_begins_like_no_reply_is_shown_whole(
+    tmp_path: Path, server: ModelServer
+) -> None:
+    """A message that starts "NO" but is not NO_REPLY is held only until it cannot be, then
+    shown whole."""
+    server.script(text("NOTE: the backup ran late.", chunks=5))
+    site = Site(tmp_path, server.base_url)
+    code, screen = await _on_a_terminal(site, "run", "anything new?", "--subject", "tty")
+    assert code == 0, screen
+    assert "NOTE: the backup ran late." in screen
+
+
+async def test_schedule_run_of_a_heartbeat_answering_no_reply_shows_none_on_a_terminal(
+    tmp_path: Path, server: ModelServer
+) -> None:
+    """`bothy schedule run` of a heartbeat, on a terminal: the run line, and no NO_REPLY."""
+    server.script(text("NO_REPLY", chunks=2))
+    site = Site(tmp_path, server.base_url)
+    added = await site.bothy("schedule", "add", "hb", "--cron", "0 3 * * *", "--heartbeat")
+    assert added.code == 0, added.stderr
+    code, screen = await _on_a_terminal(site, "schedule", "run", "hb")
+    assert code == 0, screen
+    assert "completed run_" in screen
+    assert "NO_" not in screen, screen

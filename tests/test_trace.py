@@ -77,12 +77,13 @@ async def test_trace_of_a_real_run_shows_each_step_as_a_tree_as_otlp_and_sent(
     assert tree.code == 0, tree.stderr
     lines = tree.stdout.splitlines()
     duration = r"\d+ ms|\d+\.\d s"
-    assert re.fullmatch(rf"run {run_id} ok ({duration})  completed cost 0\.\d+ usd", lines[0])
+    assert re.fullmatch(rf"run {run_id} ok ({duration})  completed cost 0\.\d+ usd,"
+                        r" 360 in, 24 out tokens", lines[0])  # three responses of 120 in, 8 out
     expected = [
         r"├─ wake cli ok 0 ms  wake_\S+ from cli",
         r"├─ gate budget admitted ok 0 ms  reserved 0\.500000 usd of 25\.000000",
         rf"├─ worker ok ({duration})  terminated in .*",
-        rf"│  └─ turn 1 ok ({duration})  model fake-model",
+        rf"│  └─ turn 1 ok ({duration})  model fake-model, 360 in, 24 out tokens",
         rf"│     ├─ command ran ok ({duration})  /bin/bash -lc 'echo traced' \(exit 0\)",
         rf"│     ├─ question approval bothy_checklist ok ({duration})  May I use bothy_checklist\?"
         r" .* → answered by \S+@shell",
@@ -111,6 +112,9 @@ async def test_trace_of_a_real_run_shows_each_step_as_a_tree_as_otlp_and_sent(
     [turn] = [span for span in spans if span["name"] == "turn 1"]
     assert (turn["kind"], _attr(turn, "gen_ai.operation.name")) == (3, "chat")
     assert _attr(turn, "gen_ai.conversation.id")  # the Codex thread
+    assert (_attr(turn, "gen_ai.usage.input_tokens"), _attr(turn, "gen_ai.usage.output_tokens")
+            ) == ("360", "24")  # what Codex reported in thread/tokenUsage/updated
+    assert _attr(root, "gen_ai.usage.input_tokens") == "360"
     # Codex was handed the run's trace context, naming the root span: its spans join the trace.
     [turn_start] = _sent("turn/start")
     assert turn_start["trace"] == {

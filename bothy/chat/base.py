@@ -72,6 +72,10 @@ class ChatAdapter(Protocol):
     async def post_alert(self, channel: str, text: str) -> list[str]:
         """Post an alert in a channel (not in a thread)."""
 
+    async def link(self, channel: str, thread: str) -> str | None:
+        """A link a person can open to the thread (Slack permalink, Discord jump URL), or
+        None when the platform cannot give one now. Never raises: an alert goes out without."""
+
 
 def split_text(text: str, limit: int) -> list[str]:
     """Cut ``text`` into pieces of at most ``limit`` characters, at line breaks when possible,

@@ -13,7 +13,8 @@ Every decision about a conversation's runs is made here, and nowhere else:
 - asking: a run's questions are posted in the thread, and so is a question's expiry (a new
   message); the answer waits for those posts;
 - delivering: the answer (never ``NO_REPLY``), or the outcome and why; a refusal is told in
-  the thread, not retried; a run a crash cut short is announced there.
+  the thread, not retried; a run a crash cut short is announced there; a run a stop came
+  before is not cancelled in the thread: it is said to run when Bothy starts again.
 
 The router (``chat/router.py``) hands people's messages in; the dispatcher hands each chat
 wake to :class:`Conversations`, its handler for the ``chat`` source, which takes it from the
@@ -42,8 +43,11 @@ from bothy.wakes.jobs import Ignored
 SOURCE = "chat"
 SEEN = "eyes"
 _ASKING = "Reply in this thread."
+_NOT_WAITING = "This run cannot wait for an answer: it goes on without one."
 _INTERRUPTED = ("Bothy was restarted while it worked on this, and the run was stopped before"
                 " it finished. Mention me again to retry.")
+_RUNS_AFTER = ("Bothy is stopping, so this has not started yet: it will run when Bothy starts"
+               " again.")
 
 
 @dataclass(frozen=True)
@@ -107,26 +111,30 @@ class Conversations:
         if adapter is None:
             return Ignored(f"{message.platform} is not connected")
         await self._seen(adapter, message, wake.route, start.details)
-        thread = await self._open_thread(adapter, message, wake.route, start.details)
-        resume, prompt = await self._resume_or_continue(message, thread, continued_from)
+        thread = _Thread(self, adapter, message, wake.route, start.details)
+        resume, prompt = await self._resume_or_continue(message, thread.id, continued_from)
         request = RunRequest.for_wake(
-            self._cfg, prompt=prompt, subject=subject(message.platform, thread), source=SOURCE,
+            self._cfg, prompt=prompt, subject=subject(message.platform, thread.id),
+            source=SOURCE,
             run_id=start.run_id, details={**start.details, "user": message.user},
             profile=self._profile_for(message.platform),
             trusted=True,  # an allowed account wrote it
             can_hold=True,  # someone is in the thread to answer
             keep_thread=True, resume_thread=resume,  # the thread is one Codex conversation
         )
-        await self._remember(message, thread, start.run_id)
-        result = await self._run(start, request, message, thread)
+        await self._remember(message, thread.id, start.run_id)
+        result = await self._run(start, request, thread)
+        if await start.stopped_before_start():
+            # Queued again (the dispatcher's rule): its answer comes after the restart, so the
+            # thread hears that, not a cancellation.
+            await thread.post(_RUNS_AFTER, run_id=result.run_id)
+            return result
         await self._deliver(message, thread, result)
         return result
 
-    async def _run(
-        self, start: WakeStart, request: RunRequest, message: ChatMessage, thread: str
-    ) -> RunResult:
+    async def _run(self, start: WakeStart, request: RunRequest, thread: _Thread) -> RunResult:
         """The run, its questions posted in the thread; the answer waits for those posts."""
-        questions = _ThreadQuestions(self, message, thread)
+        questions = _ThreadQuestions(thread)
         try:
             result = await start.run(request, asker=questions)
         except BaseException:
@@ -193,9 +201,10 @@ class Conversations:
                  to_us(self._clock())),
             )
 
-    async def _deliver(self, message: ChatMessage, thread: str, result: RunResult) -> None:
-        """Keep the run's answer and Codex thread; post its reply (``NO_REPLY`` never is)."""
-        key = thread_key(message.platform, message.channel, thread)
+    async def _deliver(self, message: ChatMessage, thread: _Thread, result: RunResult) -> None:
+        """Keep the run's answer and Codex thread; post its reply (``NO_REPLY`` never is, and
+        leaves no thread behind)."""
+        key = thread_key(message.platform, message.channel, thread.id)
         async with self._db.transaction():
             await self._db.execute(
                 "UPDATE chat_threads SET last_answer = ?,"
@@ -205,7 +214,7 @@ class Conversations:
         text = result.reply
         if not text or text.strip() == NO_REPLY:
             return
-        await self.post(message.platform, message.channel, thread, text, run_id=result.run_id)
+        await thread.post(text, run_id=result.run_id)
 
     async def interrupted(self, wake: WakeRow, delivery: Delivery, run: RunRow) -> None:
         """Tell the thread whose run a crash cut short that it was stopped."""
@@ -246,14 +255,41 @@ class Conversations:
         await self.post(message.platform, message.channel, thread, text, run_id=None)
 
 
+class _Thread:
+    """The thread a mention is answered in, opened at its first post: a mention answered
+    ``NO_REPLY`` leaves no empty thread behind (Discord starts one from the message). Its id
+    is known before: a Slack thread is the mention's ts, and a Discord thread started from a
+    message has that message's id (``ChatMessage.thread`` either way)."""
+
+    def __init__(self, conversations: Conversations, adapter: ChatAdapter, message: ChatMessage,
+                 route: str, details: dict[str, Any]) -> None:
+        self._conversations = conversations
+        self._adapter = adapter
+        self.message = message
+        self._route = route
+        self._details = details
+        self.id = message.thread
+        self._opening: asyncio.Task[str] | None = None
+
+    async def post(self, text: str, *, run_id: str) -> None:
+        """Post in the thread, opening it first if this is its first post."""
+        await self._conversations.post(self.message.platform, self.message.channel,
+                                       await self._opened(), text, run_id=run_id)
+
+    async def _opened(self) -> str:
+        """The thread, opened once (concurrent posts share the opening)."""
+        if self._opening is None:
+            self._opening = asyncio.ensure_future(self._conversations._open_thread(
+                self._adapter, self.message, self._route, self._details))
+        return await asyncio.shield(self._opening)
+
+
 class _ThreadQuestions:
     """A chat run's asker: each question is posted in the thread. The posts are its own: the
     run's answer waits for them (a question never lands after the answer), a cancel ends them.
     """
 
-    def __init__(self, conversations: Conversations, message: ChatMessage, thread: str) -> None:
-        self._conversations = conversations
-        self._message = message
+    def __init__(self, thread: _Thread) -> None:
         self._thread = thread
         self._posts: set[asyncio.Task[None]] = set()
 
@@ -268,10 +304,12 @@ class _ThreadQuestions:
         """Say in the thread, in a new message, that the question went unanswered."""
         self._post(run_id, expiry_note(hold_s))
 
+    def declined(self, run_id: str, text: str) -> None:
+        """A question this run could not hold (its profile holds none): said in the thread."""
+        self._post(run_id, f"? {text}\n{_NOT_WAITING}")
+
     def _post(self, run_id: str, text: str) -> None:
-        task = asyncio.create_task(self._conversations.post(
-            self._message.platform, self._message.channel, self._thread, text, run_id=run_id,
-        ))
+        task = asyncio.create_task(self._thread.post(text, run_id=run_id))
         self._posts.add(task)
         task.add_done_callback(self._posts.discard)
 

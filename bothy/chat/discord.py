@@ -294,7 +294,9 @@ class DiscordAdapter:
         client, self._client = self._client, None
         if client is not None:
             try:
-                await client.close()
+                # A peer that never answers the close handshake must not hold the stop.
+                async with asyncio.timeout(self._stop_grace_s):
+                    await client.close()
             except Exception:  # closing is best effort; nothing is left to report it to
                 _log.warning("Discord: closing the client failed", exc_info=True)
         connection = self._connection
@@ -334,13 +336,15 @@ class DiscordAdapter:
         Raises ChatAuthError for a refused token, ChatUnavailable when neither works."""
         if self._state != "ready":
             raise RuntimeError(f"DiscordAdapter.reconnect() called when {self._state}")
-        half_s = within_s / 2
-        if await self._resume(half_s):
-            _log.info("Discord: reconnected and resumed")
-            return
-        await self._close_client()
+        rest_s = within_s
+        if self._client is not None and self._client.ws is not None:
+            if await self._resume(within_s / 2):
+                _log.info("Discord: reconnected and resumed")
+                return
+            rest_s = within_s / 2
         try:
-            async with asyncio.timeout(within_s - half_s):
+            async with asyncio.timeout(rest_s):
+                await self._close_client()
                 await self._connect()
         except BaseException as exc:
             await self._close_client()
@@ -352,10 +356,8 @@ class DiscordAdapter:
 
     async def _resume(self, within_s: float) -> bool:
         """Close the gateway socket with 4000 and wait for RESUMED (or READY)."""
-        client = self._client
-        socket = None if client is None else client.ws
-        if socket is None:
-            return False
+        assert self._client is not None
+        socket = self._client.ws
         self._back.clear()
         try:
             async with asyncio.timeout(within_s):
@@ -487,6 +489,31 @@ class DiscordAdapter:
         return await self._send(_snowflake(target, "alert channel"), text,
                                 f"post an alert in Discord channel {target}")
 
+    async def link(self, channel: str, thread: str) -> str | None:
+        """The thread's jump URL (``https://discord.com/channels/{guild}/{thread}``); for a
+        mention whose thread was never started, the message's
+        (``…/{guild}/{channel}/{message}``); None if Discord does not say which guild."""
+        client = self._connected_or_none()
+        if client is None or not (_is_snowflake(channel) and _is_snowflake(thread)):
+            return None
+        for target, tail in ((thread, thread), (channel, f"{channel}/{thread}")):
+            try:
+                with _boundary(f"link to Discord channel {target}"):
+                    found = (client.get_channel(int(target))
+                             or await client.fetch_channel(int(target)))
+            except ChatError:
+                continue  # a mention's id is not a channel until its thread is started
+            guild = getattr(found, "guild", None)
+            if guild is not None:
+                return f"https://discord.com/channels/{guild.id}/{tail}"
+        return None
+
+    def _connected_or_none(self) -> _Gateway | None:
+        try:
+            return self._connected()
+        except ChatUnavailable:
+            return None
+
     async def _send(self, channel_id: int, text: str, attempted: str) -> list[str]:
         client = self._connected()
         destination = client.get_partial_messageable(channel_id)
@@ -616,6 +643,10 @@ def _reason(exc: Exception) -> str:
         text = ""
     name = type(exc).__name__
     return f"{name}: {text}" if text else name
+
+
+def _is_snowflake(value: str) -> bool:
+    return re.fullmatch(r"[0-9]{1,20}", value) is not None
 
 
 def _snowflake(value: str, what: str) -> int:

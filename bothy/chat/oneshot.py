@@ -217,12 +217,20 @@ class OneShotPoster:
         return posted
 
     async def _discord_jump_url(self, thread: AlertThread) -> str | None:
+        """The thread's jump URL; for a mention whose thread was never started, the
+        message's (``…/{guild}/{channel}/{message}``)."""
         base, headers = self._discord()
         async with self._session(headers) as session:
-            channel = await _discord_call(session, "GET", f"{base}/channels/{thread.thread}",
-                                          None, f"link to Discord thread {thread.thread}")
-        guild = channel.get("guild_id")
-        return f"{_DISCORD_JUMP}/{guild}/{thread.thread}" if guild else None
+            for target, tail in ((thread.thread, thread.thread),
+                                 (thread.channel, f"{thread.channel}/{thread.thread}")):
+                try:
+                    channel = await _discord_call(session, "GET", f"{base}/channels/{target}",
+                                                  None, f"link to Discord channel {target}")
+                except ChatError:
+                    continue  # a mention's id is not a channel until its thread is started
+                if channel.get("guild_id"):
+                    return f"{_DISCORD_JUMP}/{channel['guild_id']}/{tail}"
+        return None
 
     def _session(self, headers: dict[str, str]) -> aiohttp.ClientSession:
         # The default context honours SSL_CERT_FILE (how a test trusts its throwaway CA).

@@ -32,11 +32,15 @@ from bothy.engine.questions import Delivered, QuestionBoard
 from bothy.engine.state import StateDB
 from bothy.errors import ChatError
 from bothy.wakes.inbox import Inbox
+from bothy.wakes.reports import Reports
 
 _REFUSAL = ("Sorry, I only take requests from the people this site's operator listed. "
             "Your message was recorded.")
 _LATE = ("The run has moved on: nothing was waiting for an answer, so your reply was recorded "
          "as late.")
+_LATE_FOR_REPORT = ("That run was unattended and has finished: nothing was waiting for an"
+                    " answer, so your reply was recorded as late. Mention me to start a new"
+                    " conversation.")
 
 
 class ChatRouter:
@@ -53,6 +57,7 @@ class ChatRouter:
         audit: AuditLog,
         alerts: Alerts,
         on_accepted: Callable[[], None],
+        reports: Reports,
     ) -> None:
         self._cfg = cfg
         self._conversations = conversations
@@ -62,6 +67,7 @@ class ChatRouter:
         self._audit = audit
         self._alerts = alerts
         self._on_accepted = on_accepted
+        self._reports = reports  # whose posts' threads a reply may be in
         self._replies: set[asyncio.Task[None]] = set()
 
     def allowed(self, platform: str, user: str) -> bool:
@@ -73,7 +79,11 @@ class ChatRouter:
         adapters = self._conversations.adapters
         for platform, section in (("slack", self._cfg.slack), ("discord", self._cfg.discord)):
             if section is not None and section.alert_channel and platform in adapters:
-                await adapters[platform].post_alert(section.alert_channel, alert.text())
+                thread = alert.thread
+                link = None
+                if thread is not None and thread.platform in adapters:
+                    link = await adapters[thread.platform].link(thread.channel, thread.thread)
+                await adapters[platform].post_alert(section.alert_channel, alert.text(link))
                 return f"{platform}:{section.alert_channel}"
         raise ChatError("no connected platform has an alert channel", platform="-")
 
@@ -111,7 +121,8 @@ class ChatRouter:
     async def _reply(self, message: ChatMessage) -> None:
         state = await self._conversations.state(message)
         if state is None:
-            return  # a thread Bothy never answered in: not its conversation
+            await self._reply_to_report(message)  # or a thread Bothy never posted in
+            return
         if not self.allowed(message.platform, message.user):
             await self._record("answer", "ignored", "refused", message,
                                {"reason": "the author is not on the allowlist",
@@ -136,6 +147,25 @@ class ChatRouter:
                                else f"{expired.note()} Your reply was recorded as late.")
             return
         await self._enqueue(message, continued_from=state.last_answer)
+
+    async def _reply_to_report(self, message: ChatMessage) -> None:
+        """A reply in the thread of an unattended run's report or question: that run never
+        waits, so the reply is late (and its Codex thread is never resumed)."""
+        run_id = await self._reports.run_of_thread(message.platform, message.channel,
+                                                   message.thread)
+        if run_id is None:
+            return  # a thread Bothy never posted in
+        by = f"{message.platform}:{message.user}"
+        if not self.allowed(message.platform, message.user):
+            await self._record("answer", "ignored", "refused", message,
+                               {"reason": "the author is not on the allowlist", "run": run_id})
+            return
+        await self._audit.record(
+            "answer", "late", "ok",
+            subject=thread_key(message.platform, message.channel, message.thread),
+            run_id=run_id, details={"by": by, "answer": message.text,
+                                    "note": "a reply to the report of an unattended run"})
+        self._answer_later(message, _LATE_FOR_REPORT)
 
     def _answer_later(self, message: ChatMessage, text: str) -> None:
         """Reply after the platform's delivery is acknowledged (never hold the ack on a post)."""

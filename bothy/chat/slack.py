@@ -415,6 +415,17 @@ class SlackAdapter:
             posted.append(str(response.get("ts")))
         return posted
 
+    async def link(self, channel: str, thread: str) -> str | None:
+        """The thread's permalink (``chat.getPermalink``), or None if Slack gives none."""
+        try:
+            response = await self._call(f"link to {channel} thread {thread}",
+                                        self._ready().chat_getPermalink(channel=channel,
+                                                                        message_ts=thread))
+        except (ChatError, RuntimeError):
+            return None
+        permalink = response.get("permalink")
+        return permalink if isinstance(permalink, str) and permalink else None
+
     def _ready(self) -> AsyncWebClient:
         if self._state != "ready" or self._web is None:
             raise RuntimeError(f"SlackAdapter used when {self._state}, not ready")

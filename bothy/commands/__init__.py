@@ -1,19 +1,30 @@
 """What each ``bothy`` command does. Returns exit codes; ``bothy.cli`` parses and exits.
 
-Heavy imports (the engine, pydantic models) happen inside the command that needs them.
+Heavy imports (the engine, pydantic models) happen inside the command that needs them, and each
+command's module is loaded on first use (PEP 562), so a read such as ``bothy trace`` loads
+neither the other commands nor an event loop.
 """
 
-from bothy.commands.foreground import cmd_answer, cmd_cancel, cmd_run
-from bothy.commands.memory import cmd_memory
-from bothy.commands.operate import (
-    cmd_audit,
-    cmd_checklist,
-    cmd_daemon,
-    cmd_doctor,
-    cmd_profile,
-)
-from bothy.commands.schedules import cmd_schedule, cmd_sop
-from bothy.commands.tracing import cmd_trace
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_SURFACE = {
+    "cmd_answer": "bothy.commands.foreground",
+    "cmd_cancel": "bothy.commands.foreground",
+    "cmd_run": "bothy.commands.foreground",
+    "cmd_memory": "bothy.commands.memory",
+    "cmd_audit": "bothy.commands.operate",
+    "cmd_checklist": "bothy.commands.operate",
+    "cmd_daemon": "bothy.commands.operate",
+    "cmd_doctor": "bothy.commands.operate",
+    "cmd_profile": "bothy.commands.operate",
+    "read_audit": "bothy.commands.operate",
+    "cmd_schedule": "bothy.commands.schedules",
+    "cmd_sop": "bothy.commands.schedules",
+    "cmd_trace": "bothy.commands.tracing",
+}
 
 __all__ = [
     "cmd_answer",
@@ -28,4 +39,13 @@ __all__ = [
     "cmd_schedule",
     "cmd_sop",
     "cmd_trace",
+    "read_audit",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Load a command from its module on first use (PEP 562)."""
+    module = _SURFACE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

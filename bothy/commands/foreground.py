@@ -110,6 +110,9 @@ class _TerminalAnswers:
             asyncio.get_running_loop().add_reader(sys.stdin.fileno(), self._line)
             self._reading = True
 
+    def declined(self, run_id: str, text: str) -> None:
+        self._shown.declined(run_id, text)
+
     def _line(self, *_: Any) -> None:
         line = sys.stdin.readline().strip()
         if line and self._run_id is not None:

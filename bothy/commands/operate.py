@@ -5,7 +5,6 @@ and the daemon.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from datetime import datetime
@@ -16,41 +15,60 @@ from bothy.errors import UsageError
 from bothy.exitcodes import ExitCode
 
 if TYPE_CHECKING:
-    from bothy.engine.audit import AuditLog, AuditRecord
+    from bothy.engine.audit import AuditLog
 
 
 async def cmd_audit(args: argparse.Namespace) -> int:
+    """``bothy audit verify | repair | head``; a plain read is :func:`read_audit`."""
+    import asyncio
+
     from bothy.engine.audit import AuditLog
     from bothy.home import BothyHome
 
+    if args.action is None:
+        return read_audit(args)
     home = BothyHome.from_env()
     log = AuditLog(home.audit_path)
     if args.action == "repair":
         return await _repair(log)
     if args.action == "head":
         return await _head(log, as_json=args.json)
-    if args.action == "verify":
-        report = await asyncio.to_thread(log.verify)
-        if args.json:
-            from dataclasses import asdict
+    # verify (argparse allows no other action)
+    report = await asyncio.to_thread(log.verify)
+    if args.json:
+        from dataclasses import asdict
 
-            print(json.dumps(asdict(report)))
-        elif report.ok:
-            print(f"audit chain intact: {report.count} records verified")
-        else:
-            print(f"audit chain broken: {report.problem}")
-        if not args.json:
-            for seq in report.repaired_at:
-                print(f"[warn] {repaired_at(seq)}: {REPAIRED_DETAIL}")
-        return ExitCode.OK if report.ok else ExitCode.FAILED
+        print(json.dumps(asdict(report)))
+    elif report.ok:
+        print(f"audit chain intact: {report.count} records verified")
+    else:
+        print(f"audit chain broken: {report.problem}")
+    if not args.json:
+        for seq in report.repaired_at:
+            print(f"[warn] {repaired_at(seq)}: {REPAIRED_DETAIL}")
+    return ExitCode.OK if report.ok else ExitCode.FAILED
+
+
+def read_audit(args: argparse.Namespace) -> int:
+    """``bothy audit [--run RUN] [--since ISO] [--json]``: synchronous, with no event loop and
+    no writer: a run's records are read through the index by run id, not the whole file."""
+    from bothy.home import BothyHome
+
+    path = BothyHome.from_env().audit_path
     since = _since(args.since) if args.since else None
-    records = await asyncio.to_thread(lambda: [
-        record for record in log.records(since=since)
-        if args.run_id is None or _of_run(record, args.run_id)])
+    if args.run_id is not None:
+        from bothy.engine.auditindex import RunIndex
+
+        records = [record for record in RunIndex(path).records(args.run_id)
+                   if since is None or record.ts >= since]
+    else:
+        from bothy.engine.audit import AuditLog
+
+        records = list(AuditLog(path).records(since=since))
     for record in records:
         print(record.to_json() if args.json else record.human_line())
     if not records:
-        print(f"bothy: {_nothing(args.run_id, args.since)} ({log.path})", file=sys.stderr)
+        print(f"bothy: {_nothing(args.run_id, args.since)} ({path})", file=sys.stderr)
     return ExitCode.OK
 
 
@@ -67,6 +85,8 @@ def repaired_at(seq: int) -> str:
 async def _head(log: AuditLog, *, as_json: bool) -> int:
     """The verified head (seq and hash of the last record): what to publish or compare with a
     copy kept elsewhere."""
+    import asyncio
+
     report = await asyncio.to_thread(log.verify)
     if not report.ok:
         print(f"audit chain broken: {report.problem}")
@@ -83,6 +103,8 @@ async def _head(log: AuditLog, *, as_json: bool) -> int:
 
 async def _repair(log: AuditLog) -> int:
     """Keep a broken register aside and start a new segment; refused while serve runs."""
+    import asyncio
+
     from bothy.clock import utc_now
     from bothy.daemon import serve_holding
     from bothy.home import BothyHome
@@ -104,21 +126,6 @@ async def _repair(log: AuditLog) -> int:
             "the register", f"repaired at seq {done.record.seq}: {done.problem}; the broken "
             f"file is kept as {done.kept.name}", subject=None, level="critical")
     return ExitCode.OK
-
-
-def run_records(log: AuditLog, run_id: str) -> list[AuditRecord]:
-    """The run's records, its wake's first, in register order."""
-    return [record for record in log.records() if _of_run(record, run_id)]
-
-
-def _of_run(record: AuditRecord, run_id: str) -> bool:
-    """The run's own records, and the record of the wake that asked for it (which has no run
-    yet: its details carry the wake id the run's records name)."""
-    from bothy.engine.run import wake_id_for
-
-    if record.run_id is not None:
-        return record.run_id == run_id
-    return record.kind == "wake" and record.details.get("wake_id") == wake_id_for(run_id)
 
 
 def _nothing(run_id: str | None, since: str | None) -> str:
@@ -156,6 +163,8 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 async def cmd_checklist(args: argparse.Namespace) -> int:
+    import asyncio
+
     from bothy.engine.checklist import Checklist
     from bothy.home import BothyHome
 

@@ -52,7 +52,8 @@ async def _schedule_add(args: argparse.Namespace) -> int:
         await rt.audit.record("schedule", "added", "ok", subject=added.subject, details={
             "cron": added.cron, "what": added.what, "profile": added.profile,
             "verify_argv": added.verify_argv, "verify_regex": added.verify_regex,
-            "max_usd_micros": added.max_usd_micros, "ref": added.ref})
+            "max_usd_micros": added.max_usd_micros, "ref": added.ref,
+            "report_to": added.report_to, "preflight_argv": added.preflight_argv})
     print(f"added {added.name}: {added.what} at '{added.cron}' ({cfg.budget.timezone}),"
           f" next fire {_when(added.next_fire_us, cfg.budget.timezone)}")
     return ExitCode.OK
@@ -81,8 +82,28 @@ async def _new_schedule(args: argparse.Namespace, home: BothyHome, cfg: Config) 
         profile=check_profile(args.profile, cfg), verify_argv=_verify_argv(args.verify_cmd),
         verify_regex=_verify_regex(args.verify_regex),
         max_usd_micros=reservation_micros(args.max_usd, cfg) if args.max_usd is not None else None,
-        ref=check_ref(args.ref),
+        ref=check_ref(args.ref), report_to=_report_to(args.report_to, cfg),
+        preflight_argv=_preflight_argv(args.preflight_cmd, kind),
     )
+
+
+def _report_to(target: str | None, cfg: Config) -> str | None:
+    """Where the schedule's findings go: a channel of a platform this site has configured."""
+    from bothy.config import report_to_problem
+
+    if target is not None and (problem := report_to_problem(target, cfg.chat)):
+        raise UsageError(f"--report-to {problem}")
+    return target
+
+
+def _preflight_argv(command: str | None, kind: str) -> list[str] | None:
+    if command is None:
+        return None
+    if kind != "heartbeat":
+        raise UsageError("--preflight-cmd goes with --heartbeat: it decides whether the"
+                         " heartbeat wakes the model")
+    return _argv("--preflight-cmd", command, "give the check to run first,"
+                 " e.g. --preflight-cmd 'df -h /srv'")
 
 
 def _dream_profile(name: str | None, cfg: Config) -> None:
@@ -96,18 +117,23 @@ def _dream_profile(name: str | None, cfg: Config) -> None:
 
 
 def _verify_argv(command: str | None) -> list[str] | None:
-    import shlex
-
     if command is None:
         return None
+    return _argv("--verify-cmd", command, "give the command that checks the work,"
+                 " e.g. --verify-cmd 'make test'")
+
+
+def _argv(flag: str, command: str, example: str) -> list[str]:
+    """A command given as one shell-like line, split into its argv."""
+    import shlex
+
     try:
         argv = shlex.split(command)
     except ValueError as exc:
-        raise UsageError(f"--verify-cmd {command!r} cannot be split like a shell line ({exc})"
+        raise UsageError(f"{flag} {command!r} cannot be split like a shell line ({exc})"
                          ) from None
     if not argv:
-        raise UsageError("--verify-cmd is empty: give the command that checks the work,"
-                         " e.g. --verify-cmd 'make test'")
+        raise UsageError(f"{flag} is empty: {example}")
     return argv
 
 

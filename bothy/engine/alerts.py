@@ -10,8 +10,9 @@ It is deduplicated (the same subject and reason within ``repeat_after_s`` is fol
 first), posted to the configured alert route when there is one, and audited either way:
 ``alert sent`` when it went out, ``alert undelivered`` when there was nowhere to send it or the
 route failed — "a failure nobody hears about is not handled", so the register says so. The
-route is a sink given the :class:`Alert` (``bothy serve``: the connected chat adapters; any
-other command: one Web API call, ``chat/oneshot.py``); it renders the link it can make.
+route is a sink given the :class:`Alert`; it renders the link it can make. Every command has
+the one-shot Web API call (``chat/oneshot.py``, set up by ``runtime.site_alerts``);
+``bothy serve`` tries its chat connection first and falls back to that call when it fails.
 """
 
 from __future__ import annotations
@@ -74,15 +75,20 @@ class Alerts:
         self._site = site
         self._clock = clock
         self._repeat_after_us = repeat_after_s * 1_000_000
-        self._sink: AlertSink | None = None
+        self._sinks: list[AlertSink] = []
         self._no_route = "none configured"
         self._last_us: dict[tuple[str, str], int] = {}
 
     def route_to(self, sink: AlertSink | None, *, unrouted: str = "none configured") -> None:
-        """Where alerts are posted from now on (a command's one-shot Web API, or the daemon's
-        chat adapters); ``unrouted`` is what ``alert undelivered`` says without a sink."""
-        self._sink = sink
+        """Where alerts are posted from now on (a command's one-shot Web API call);
+        ``unrouted`` is what ``alert undelivered`` says without a sink."""
+        self._sinks = [] if sink is None else [sink]
         self._no_route = unrouted
+
+    def add_route(self, sink: AlertSink) -> None:
+        """Try ``sink`` first from now on, keeping the routes there were as fallbacks (the
+        daemon's chat connection first, the one-shot Web API call if that fails)."""
+        self._sinks.insert(0, sink)
 
     async def raise_alert(
         self,
@@ -104,17 +110,22 @@ class Alerts:
             return
         self._last_us[key] = now_us
         alert = Alert(self._site, level, about, reason, subject, run_id, thread)
-        if self._sink is None:
+        if not self._sinks:
             await self._audit.record("alert", "undelivered", "failed", subject=subject,
                                      run_id=run_id, details={**details,
                                                              "route": self._no_route})
             return
-        try:
-            where = await self._sink(alert)
-        except Exception as exc:
-            await self._audit.record("alert", "undelivered", "failed", subject=subject,
-                                     run_id=run_id, details={**details, "route": "failed",
-                                                             "error": str(exc)[:300]})
+        errors: list[str] = []
+        for sink in self._sinks:
+            try:
+                where = await sink(alert)
+            except Exception as exc:  # a route's failure is recorded, and the next tried
+                errors.append(str(exc)[:300])
+                continue
+            tried = {"failed_first": errors} if errors else {}
+            await self._audit.record("alert", "sent", "ok", subject=subject, run_id=run_id,
+                                     details={**details, "route": where, **tried})
             return
-        await self._audit.record("alert", "sent", "ok", subject=subject, run_id=run_id,
-                                 details={**details, "route": where})
+        await self._audit.record("alert", "undelivered", "failed", subject=subject,
+                                 run_id=run_id, details={**details, "route": "failed",
+                                                         "error": "; ".join(errors)})

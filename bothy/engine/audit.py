@@ -42,6 +42,7 @@ from typing import Any
 
 from bothy.engine.auditchain import Fault, VerifyReport, verify_lines
 from bothy.engine.auditevents import EVENTS, EventTable
+from bothy.engine.auditindex import RunIndex
 from bothy.engine.auditrecord import (
     GENESIS_HASH,
     AuditRecord,
@@ -87,6 +88,7 @@ class AuditLog:
         self.checkpoint_path = path.with_name(path.name + ".checkpoint")
         self._clock = clock or _utc_now
         self._thread_lock = threading.Lock()
+        self.index = RunIndex(path)  # by run id, kept at one hook after each durable write
         # Tail cached between appends; trusted only while the file is the one it describes.
         self._tail: _Tail | None = None
         self._group: GroupCommit[_Entry, AuditRecord] = GroupCommit(
@@ -189,7 +191,7 @@ class AuditLog:
             written = os.fstat(fd)
             self._tail = _Tail(identity=_identity(written), seq=records[-1].seq,
                                hash=records[-1].hash)
-            self._durable(records, written)
+            self._durable(records, lines, written)
         finally:
             os.close(fd)
         return records
@@ -219,12 +221,20 @@ class AuditLog:
             prev = digest
         return records, lines
 
-    def _durable(self, records: list[AuditRecord], written: os.stat_result) -> None:
+    def _durable(
+        self, records: list[AuditRecord], lines: list[bytes], written: os.stat_result
+    ) -> None:
         """The one step that sees records once they are on disk, before any caller hears of
-        them: the checkpoint (the head anchored). An index kept beside the register (by run
-        id) is updated here too, from ``records``, so that it is never ahead of the file."""
+        them: the checkpoint (the head anchored), and the index by run id (its one hook,
+        which never raises), so that neither is ever ahead of the file."""
         last = records[-1]
         _write_checkpoint(self.checkpoint_path, written, last.seq, last.hash)
+        offset = written.st_size - sum(len(line) for line in lines)
+        placed = []
+        for record, line in zip(records, lines, strict=True):
+            placed.append((offset, record))
+            offset += len(line)
+        self.index.note(written, placed)
 
     def _now(self) -> datetime:
         ts = self._clock()
@@ -355,6 +365,11 @@ class AuditLog:
 
     def _verify_segments(self, *, settle: bool) -> VerifyReport:
         return _verify_file(self.path, self._lock_path if settle else None, None, 0)
+
+    def segments(self) -> list[tuple[Path, int | None]]:
+        """The register's files oldest first, each with the last seq of it that counts (a
+        kept segment counts up to its last good record; the current file, ``None``, wholly)."""
+        return self._segments()
 
     def _segments(self) -> list[tuple[Path, int | None]]:
         """The register's files oldest first, each with the last seq of it that counts."""

@@ -62,11 +62,18 @@ EVENTS = EventTable({
     "question": ("answered", "timed_out", "stopped", "declined"),  # asked: `run question`
     "answer": ("received", "ignored", "late"),
     "mcp": ("failed",),
+    # A run's trace sent to an OTLP receiver by `bothy serve` (config `otel`): given up; or
+    # the exporter itself stuck (its queue file, the register), once per streak.
+    "trace": ("abandoned", "stalled"),
     # The register itself: a broken one set aside by `bothy audit repair`; the head that
     # `bothy serve` publishes daily.
     "audit": ("repaired", "head"),
     # Somebody should know.
     "alert": ("sent", "undelivered", "suppressed"),
+    # What an unattended run found (or asked), posted where its job says (wakes/reports.py).
+    "report": ("sent", "undelivered"),
+    # A heartbeat's preflight: the model woken, or a quiet fire with no run.
+    "heartbeat": ("woken", "quiet"),
     # The daemon and its doors.
     "serve": ("starting", "ready", "stopped"),
     "webhook": ("refused", "suppressed", "ping", "misconfigured"),

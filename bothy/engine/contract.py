@@ -40,6 +40,9 @@ READS: dict[tuple[Kind, str], tuple[str, ...]] = {
     ("notification", "thread/tokenUsage/updated"): (
         "tokenUsage.total.inputTokens", "tokenUsage.total.cachedInputTokens",
         "tokenUsage.total.outputTokens", "tokenUsage.total.reasoningOutputTokens",
+        # The latest response's own: where the thread stood before the run's first report.
+        "tokenUsage.last.inputTokens", "tokenUsage.last.cachedInputTokens",
+        "tokenUsage.last.outputTokens", "tokenUsage.last.reasoningOutputTokens",
     ),
     ("notification", "error"): ("error.message", "error.codexErrorInfo", "willRetry"),
     ("notification", "turn/completed"): (

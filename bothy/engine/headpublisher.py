@@ -10,10 +10,11 @@ channel only the record is written: a routine figure with nowhere to go is not a
 it raises no ``alert undelivered``.
 
 When is decided from the register, so restarts neither skip a day nor publish twice: 24 h
-after the last ``audit head`` record, or, on a register that has none yet, at the first local
-midnight (``budget.timezone``) after the daemon starts. A register found broken at that moment
-is not published over: the alert says so (every time, routed or not) and the next try is a day
-later.
+after the last ``audit head`` record, or, on a register that has none yet, 24 h after its first
+record (a register older than a day is published at once). Not at a fixed hour: a daemon
+started then would add a record at once, and no start of ``bothy serve`` should. A register
+found broken at that moment is not published over: the alert says so (every time, routed or
+not) and the next try is a day later.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from datetime import datetime, time, timedelta, tzinfo
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from bothy.clock import Clock
@@ -47,8 +48,7 @@ Sleep = Callable[[float], Awaitable[None]]
 class HeadPublisher:
     """Publishes the verified head of ``audit`` every day until stopped.
 
-    ``post_heads``: whether the head is posted (an alert channel is configured); ``zone`` is the
-    site's time zone (the first publication of a register is at its midnight); ``clock`` and
+    ``post_heads``: whether the head is posted (an alert channel is configured); ``clock`` and
     ``sleep`` are injected so a test can drive a day in an instant.
     """
 
@@ -58,14 +58,12 @@ class HeadPublisher:
         alerts: Alerts,
         *,
         post_heads: bool,
-        zone: tzinfo,
         clock: Clock,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
         self._audit = audit
         self._alerts = alerts
         self._post_heads = post_heads
-        self._zone = zone
         self._clock = clock
         self._sleep = sleep
 
@@ -77,11 +75,9 @@ class HeadPublisher:
             due = self._clock() + EVERY
 
     async def first_due(self) -> datetime:
-        """24 h after the last head the register holds; or the next local midnight."""
-        last = await asyncio.to_thread(last_head_at, self._audit.path)
-        if last is not None:
-            return last + EVERY
-        return next_midnight(self._clock(), self._zone)
+        """24 h after the last head the register holds, or after its first record."""
+        since = await asyncio.to_thread(_last_head_or_first_record_at, self._audit.path)
+        return (since or self._clock()) + EVERY
 
     async def publish(self) -> None:
         """Verify the whole chain; record its head and post it (or say the chain is broken)."""
@@ -113,10 +109,18 @@ class HeadPublisher:
         return False
 
 
-def next_midnight(now: datetime, zone: tzinfo) -> datetime:
-    """The first midnight in ``zone`` after ``now``."""
-    tomorrow = now.astimezone(zone).date() + timedelta(days=1)
-    return datetime.combine(tomorrow, time(0), tzinfo=zone)
+def _last_head_or_first_record_at(path: Path) -> datetime | None:
+    return last_head_at(path) or first_record_at(path)
+
+
+def first_record_at(path: Path) -> datetime | None:
+    """When the register's current file began (its first record), if it has one."""
+    try:
+        with path.open("rb") as f:
+            parsed = parse_line(f.readline().rstrip(b"\n"))
+    except FileNotFoundError:
+        return None
+    return None if isinstance(parsed, str) else parsed.ts
 
 
 def last_head_at(path: Path) -> datetime | None:

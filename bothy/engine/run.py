@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bothy.clock import Clock
+from bothy.engine.auditindex import wake_id_for as wake_id_for  # (its home: the index)
 from bothy.engine.verification import Verification
 from bothy.exitcodes import ExitCode
 from bothy.money import usd_to_micros
@@ -161,6 +162,9 @@ class Progress(Protocol):
     def waiting(self, reason: str) -> None: ...
     def started(self, run_id: str, pid: int) -> None: ...
     def text(self, delta: str) -> None: ...
+    def message_end(self) -> None:
+        """The agent message whose text streamed since the last one is complete."""
+        ...
     def usage(self, tokens: int, cost_micros: int) -> None: ...
 
 
@@ -171,6 +175,7 @@ class SilentProgress:
     def waiting(self, reason: str) -> None: ...
     def started(self, run_id: str, pid: int) -> None: ...
     def text(self, delta: str) -> None: ...
+    def message_end(self) -> None: ...
     def usage(self, tokens: int, cost_micros: int) -> None: ...
 
 
@@ -178,11 +183,3 @@ def new_run_id(clock: Clock) -> str:
     """``run_YYYYMMDDTHHMMSSZ_<8 hex>``."""
     return f"run_{clock():%Y%m%dT%H%M%SZ}_{secrets.token_hex(4)}"
 
-
-def wake_id_for(run_id: str) -> str:
-    """The id of the wake that asked for run ``run_id``: ``wake_`` and the run id's stamp.
-
-    A wake has no run yet when it is recorded (``wake received ok pr:42 -``); its record
-    carries this id in its details, and the run's first records name it, so the wake is found
-    from the run. Each attempt of a delivery is a wake of its own, with a fresh run id."""
-    return "wake_" + run_id.removeprefix("run_")

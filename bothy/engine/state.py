@@ -24,7 +24,7 @@ import aiosqlite
 
 from bothy.errors import StateCorruptError, StateError
 
-_SCHEMA_VERSION = 9
+_SCHEMA_VERSION = 10
 _BUSY_TIMEOUT_MS = 30_000
 
 _SCHEMA = """
@@ -126,7 +126,10 @@ CREATE TABLE IF NOT EXISTS schedules (
     created_us     INTEGER NOT NULL,
     last_fire_us   INTEGER,
     next_fire_us   INTEGER,
-    ref            TEXT  -- its runs' task in Cairn (schema 8)
+    ref            TEXT,  -- its runs' task in Cairn (schema 8)
+    report_to      TEXT,  -- where its findings go, e.g. slack:C0OPS (schema 10)
+    preflight_argv TEXT,  -- a heartbeat's preflight command, a JSON list (schema 10)
+    preflight_sha256 TEXT  -- the hash of the last fire's preflight output (schema 10)
 );
 CREATE TABLE IF NOT EXISTS chat_threads (
     thread_key   TEXT PRIMARY KEY,
@@ -137,6 +140,14 @@ CREATE TABLE IF NOT EXISTS chat_threads (
     last_answer  TEXT,
     codex_thread TEXT,
     updated_us   INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS report_posts (
+    platform   TEXT NOT NULL,
+    channel    TEXT NOT NULL,
+    message    TEXT NOT NULL,  -- the post's id (Slack ts): a reply's thread
+    run_id     TEXT NOT NULL,
+    posted_us  INTEGER NOT NULL,
+    PRIMARY KEY (platform, channel, message)
 );
 CREATE TABLE IF NOT EXISTS pollers (
     name          TEXT PRIMARY KEY,
@@ -173,7 +184,9 @@ CREATE TABLE IF NOT EXISTS plan_reservations (
 );
 """
 
-_ADDED_COLUMNS = (("schedules", "ref", "TEXT"),)  # (table, column, type), oldest first
+_ADDED_COLUMNS = (("schedules", "ref", "TEXT"), ("schedules", "report_to", "TEXT"),
+                  ("schedules", "preflight_argv", "TEXT"),
+                  ("schedules", "preflight_sha256", "TEXT"))  # (table, column, type), oldest first
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ class _Unasked:
     """The asker of a run nobody is watching: a question is held on the board only."""
 
     def question(self, run_id: str, text: str) -> None: ...
+    def declined(self, run_id: str, text: str) -> None: ...
 
 
 class Supervisor:
@@ -95,6 +96,7 @@ class Supervisor:
         self._claims = TaskClaims(Cairn(cfg.cairn, cwd=cfg.workspace), db=db, audit=audit,
                                   clock=clock, site=cfg.site)
         self._threads: dict[str, str] = {}  # run id -> kept Codex thread id
+        self._usage: dict[str, dict[str, tuple[int, int]]] = {}  # run id -> its turns' tokens
         self._owner_start = process_start_time(os.getpid())
         # Set by the owner (a signal handler) to stop every run of this process gracefully.
         self.stopping = asyncio.Event()
@@ -345,13 +347,14 @@ class Supervisor:
                                  thread_id=thread.thread_id)
         turn = Turn(run_id, request.subject, thread.thread_id, turn_id, price,
                     admitted.reserved_micros)
+        self._usage[run_id] = turn.usage  # filled as Codex reports; recorded at the run's end
         stream = TurnStream(live, budget=self.budget, prices=self._prices, pool=self.pool,
                             stopping=self.stopping, max_turns=self._cfg.limits.max_turns)
         async with stream.watched(run_id):
             ended = await stream.follow(turn)
             if request.verify is None or ended.outcome is not Outcome.COMPLETED:
                 return ended
-            return await self._verify_loop(live, stream, turn, ended)
+            return await self._verify_loop(live, stream, turn, ended, model=thread.model)
 
     async def _thread(
         self, run_id: str, request: RunRequest, worker: Worker, toolbox: Toolbox, sandbox: str
@@ -380,7 +383,7 @@ class Supervisor:
         return thread
 
     async def _verify_loop(
-        self, live: LiveRun, stream: TurnStream, turn: Turn, ended: RunEnd
+        self, live: LiveRun, stream: TurnStream, turn: Turn, ended: RunEnd, *, model: str
     ) -> RunEnd:
         """Check the run's own work; on failure, a new turn is told what failed (≤ N tries)."""
         check = live.request.verify
@@ -401,6 +404,8 @@ class Supervisor:
                 f"Verification of your work failed (attempt {attempt} of"
                 f" {check.max_attempts}): {failure}\nFix it, then finish again."
             ), traceparent=traceparent(turn.run_id))
+            await self._turn_started(turn.run_id, turn.subject, model, turn.turn_id,
+                                     live.worker, thread_id=turn.thread_id)
             ended = await stream.follow(turn)
             if ended.outcome is not Outcome.COMPLETED:
                 return ended
@@ -444,10 +449,21 @@ class Supervisor:
             "run", "finished", ended.outcome.recorded, subject=subject, run_id=run_id,
             details={"outcome": ended.outcome.value, "reason": ended.reason,
                      "cost_usd": format_usd(settlement.cost_micros, 6),
-                     "final_chars": len(ended.text)},
+                     "final_chars": len(ended.text),
+                     **_tokens(self._usage.pop(run_id, {}))},
         )
         return RunResult(run_id, ended.outcome, settlement.cost_micros, kept, ended.reason,
                          thread_id=self._threads.pop(run_id, None))
+
+
+def _tokens(usage: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    """The run's tokens as Codex reported them, in all and per turn (none reported: nothing)."""
+    if not usage:
+        return {}
+    return {"input_tokens": sum(used[0] for used in usage.values()),
+            "output_tokens": sum(used[1] for used in usage.values()),
+            "turns": [{"turn_id": turn_id, "input_tokens": used[0], "output_tokens": used[1]}
+                      for turn_id, used in usage.items()]}
 
 
 def _truncate(text: str) -> str:

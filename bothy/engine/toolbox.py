@@ -26,6 +26,7 @@ from bothy.engine.questions import APPROVAL_HINT, Answered, InputQuestion, Quest
 from bothy.engine.rpc import ServerRequest
 from bothy.engine.task_link import NOTE_SPEC, TaskLink
 from bothy.engine.verdicts import (
+    NO_HOLD,
     ApprovalStore,
     NeedsPerson,
     Proceed,
@@ -55,7 +56,14 @@ class Responder(Protocol):
 class Asker(Protocol):
     """Shows a question to whoever can answer it (a terminal, a chat thread)."""
 
-    def question(self, run_id: str, text: str) -> None: ...
+    def question(self, run_id: str, text: str) -> None:
+        """A question the run holds for an answer."""
+        ...
+
+    def declined(self, run_id: str, text: str) -> None:
+        """A question the run could not wait for (SPEC §6: the channel is still told): the
+        run has gone on without an answer, and any reply comes too late."""
+        ...
 
 
 @runtime_checkable
@@ -380,6 +388,7 @@ class Toolbox:
                 await self._record("question", "declined", "refused",
                                    {"kind": "input", "question": question.text,
                                     "reason": "this run cannot wait for a person"})
+                self._asker.declined(self._scope.run_id, question.text)
             answers[question.id] = {"answers": [reply]}
         return {"answers": answers}
 
@@ -392,6 +401,8 @@ class Toolbox:
         await self._record("tool", "refused", "refused",
                            {"tool": call.tool, "call": call.summary, "code": verdict.code,
                             "reason": verdict.reason})
+        if verdict.code == NO_HOLD:  # a person was needed and none could be waited for
+            self._asker.declined(self._scope.run_id, f"May I use {call.tool}? {call.summary}")
         if verdict.alert:
             await self._alerts.raise_alert(call.tool, verdict.reason,
                                            subject=self._scope.subject,

@@ -66,6 +66,38 @@ class Turn:
     cost_micros: int = 0
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    # Turn id -> (input, output) tokens of that turn alone (for the trace's gen_ai.usage.*).
+    usage: dict[str, tuple[int, int]] = field(default_factory=dict)
+    totals_at_start: dict[str, tuple[int, int]] = field(default_factory=dict)  # the thread's
+    totals_seen: tuple[int, int] | None = None  # the thread's totals last reported
+    answering: set[str] = field(default_factory=set)  # turns whose model output has begun
+
+
+def _count_turn(turn: Turn, total: TokenUsage, last: TokenUsage | None) -> None:
+    """What this turn used: the thread's totals now, less what they were when it began.
+
+    Codex reports the thread's running totals (``total``, which a resumed thread carries over
+    from earlier runs) and the latest response's own (``last``). A report before the turn's
+    model output has begun is where the thread stands (Codex repeats a resumed thread's totals
+    at a turn's start). Otherwise a turn begins where the one before it ended, and before the
+    run's first report the thread stood at ``total - last``.
+    """
+    now = (total.input_tokens, total.output_tokens)
+    if turn.turn_id not in turn.answering:
+        turn.totals_at_start[turn.turn_id] = now
+        turn.totals_seen = now
+        return
+    if turn.turn_id not in turn.totals_at_start:
+        if turn.totals_seen is not None:
+            turn.totals_at_start[turn.turn_id] = turn.totals_seen
+        elif last is not None:
+            turn.totals_at_start[turn.turn_id] = (max(0, now[0] - last.input_tokens),
+                                          max(0, now[1] - last.output_tokens))
+        else:
+            turn.totals_at_start[turn.turn_id] = (0, 0)
+    before = turn.totals_at_start[turn.turn_id]
+    turn.usage[turn.turn_id] = (max(0, now[0] - before[0]), max(0, now[1] - before[1]))
+    turn.totals_seen = now
 
 
 class TurnStream:
@@ -166,10 +198,14 @@ class TurnStream:
         params = note.params
         if note.method == "item/agentMessage/delta":
             self._live.progress.text(str(params.get("delta", "")))
+        elif note.method == "item/started":
+            if (params.get("item") or {}).get("type") != "userMessage":
+                turn.answering.add(turn.turn_id)  # a token report after this is a response's
         elif note.method == "item/completed":
             item = params.get("item") or {}
             if item.get("type") == "agentMessage":
                 turn.text = str(item.get("text", ""))
+                self._live.progress.message_end()
             else:
                 await self._live.toolbox.item_done(item)
         elif note.method == "thread/tokenUsage/updated":
@@ -188,11 +224,14 @@ class TurnStream:
     async def _measure(self, turn: Turn, params: dict[str, Any]) -> _Stop | None:
         """Fill the reservation with what was measured; say which limit, if any, is crossed."""
         request = self._live.request
+        reported = params.get("tokenUsage") or {}
         try:
-            usage = TokenUsage.from_codex((params.get("tokenUsage") or {}).get("total") or {})
+            usage = TokenUsage.from_codex(reported.get("total") or {})
+            last = TokenUsage.from_codex(reported["last"]) if reported.get("last") else None
         except ValueError as exc:
             turn.notes.append(f"ignored a malformed token usage report: {exc}")
             return None
+        _count_turn(turn, usage, last)
         turn.tokens = usage.total_tokens
         turn.cost_micros = self._prices.cost_micros(turn.price, usage)
         await self._budget.fill(turn.run_id, turn.cost_micros, turn.tokens)

@@ -25,6 +25,8 @@ from bothy.clock import Clock, to_us
 from bothy.config import Guide, ProfileConfig
 from bothy.engine.state import StateDB
 
+NO_HOLD = "no_hold"  # a refusal's code: a person was needed and the run cannot wait for one
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -159,7 +161,7 @@ class VerdictEngine:
                 f"May I use {call.tool}? {call.summary}", profile.question_hold_seconds
             )
         return Refuse(
-            "no_hold",
+            NO_HOLD,
             f"'{call.tool}' needs a person's approval and this run cannot wait for one",
             f"The tool '{call.tool}' needs a person's approval, and nobody can be asked from this"
             " run. Continue without it.",

@@ -17,6 +17,7 @@ from typing import Any
 
 _SURFACE = {
     "Dispatcher": "bothy.wakes.dispatcher",
+    "Quiet": "bothy.wakes.handlers",
     "WakeStart": "bothy.wakes.handlers",
     "unattended": "bothy.wakes.handlers",
     "Accepted": "bothy.wakes.inbox",
@@ -27,6 +28,8 @@ _SURFACE = {
     "Ignored": "bothy.wakes.jobs",
     "PollReport": "bothy.wakes.poller",
     "Poller": "bothy.wakes.poller",
+    "Preflight": "bothy.wakes.preflight",
+    "Reports": "bothy.wakes.reports",
     "ScheduleRunner": "bothy.wakes.schedule_runner",
     "Schedule": "bothy.wakes.schedules",
     "ScheduleStore": "bothy.wakes.schedules",
@@ -39,7 +42,8 @@ _SURFACE = {
 }
 __all__ = [
     "Accepted", "Delivery", "Dispatcher", "Duplicate", "Ignored", "Inbox", "PollReport",
-    "Poller", "Schedule", "ScheduleRunner", "ScheduleStore", "Unrunnable", "WakeRow",
+    "Poller", "Preflight", "Quiet", "Reports", "Schedule", "ScheduleRunner", "ScheduleStore",
+    "Unrunnable", "WakeRow",
     "WakeStart", "WebhookListener", "cron_trigger", "next_fire", "schedule_name_problem",
     "schedule_request", "unattended",
 ]

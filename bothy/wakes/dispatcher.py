@@ -29,7 +29,7 @@ from bothy.engine.state import RunRow, StateDB
 from bothy.engine.supervisor import Supervisor
 from bothy.waits import first_of
 from bothy.wakes import poller, schedules
-from bothy.wakes.handlers import WakeHandler, WakeStart
+from bothy.wakes.handlers import Quiet, WakeHandler, WakeStart
 from bothy.wakes.history import RunHistory
 from bothy.wakes.inbox import Delivery, Inbox, Reinserted, WakeRow
 from bothy.wakes.jobs import Ignored
@@ -87,6 +87,7 @@ class Dispatcher:
         self._clock = clock
         self._poke = asyncio.Event()
         self._intake = True
+        self._intake_closed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
 
     def add_handler(self, source: str, handler: WakeHandler) -> None:
@@ -169,7 +170,9 @@ class Dispatcher:
                     task.add_done_callback(self._tasks.discard)
                     # One admission at a time, in arrival order: two deliveries for one lane
                     # must queue in the order they came, not in the order their files load.
-                    await first_of(admitted.wait(), task)
+                    # A stop does not wait for it: an admission that waits on a run in flight
+                    # (plan mode's learner) comes only once the stop has stopped that run.
+                    await first_of(admitted.wait(), task, self._intake_closed.wait())
             try:
                 async with asyncio.timeout(_IDLE_POLL_S):
                     await self._poke.wait()
@@ -178,6 +181,7 @@ class Dispatcher:
 
     def stop_intake(self) -> None:
         self._intake = False
+        self._intake_closed.set()
         self._poke.set()
 
     def stop_runs(self) -> None:
@@ -230,10 +234,11 @@ class Dispatcher:
         ended = await handler.handle(wake, delivery, start)
         if isinstance(ended, Ignored):
             await self._ignore(wake, start, ended.reason)
+        elif isinstance(ended, Quiet):  # its handler audited why; nothing ran
+            await self._inbox.finish(wake.id, "done", run_id=None, note=ended.reason)
         elif ended.outcome is Outcome.REFUSED and handler.retries_refused:
             await self._refused(wake, ended.reason or "refused", start.details)
-        elif self._supervisor.stopping.is_set() and not await self._supervisor.pool.reached_worker(
-                start.run_id):
+        elif await start.stopped_before_start():
             # Stopped before its run had a worker: nothing ran, so it runs after the restart.
             await self._requeue(wake, start.run_id, "bothy stopped before its run started")
         else:

@@ -10,20 +10,27 @@ here, each turning a wake into a ``RunRequest | Ignored``:
 - ``poll``: something new a poller saw; untrusted.
 - ``schedule``: a fire, run as the schedule was when it fired; trusted (the operator wrote it).
 
-Nobody waits for their runs: questions decline at once, and a run refused at a gate is
-queued again (rule 4). A chat conversation, which a person does wait for, is ``chat/``'s
-(:class:`bothy.chat.conversation.Conversations`), added to the table by the daemon.
+Nobody waits for their runs: questions decline at once (and are posted where the run's
+findings go), a run refused at a gate is queued again (rule 4), and what a run found, or
+how it failed, is told through :class:`~bothy.wakes.reports.Reports`. A heartbeat with a
+preflight may end quiet, with no run at all (:class:`Quiet`). A chat conversation, which a
+person does wait for, is ``chat/``'s (:class:`bothy.chat.conversation.Conversations`), added
+to the table by the daemon.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bothy.config import Config
-from bothy.engine.framing import new_token
+from bothy.engine.audit import AuditLog
+from bothy.engine.framing import frame, new_token
+from bothy.engine.launch import build_launch
 from bothy.engine.run import RunRequest, RunResult
 from bothy.engine.supervisor import Supervisor
 from bothy.home import BothyHome
@@ -38,11 +45,30 @@ from bothy.wakes.jobs import (
     render_ref,
     render_subject,
 )
+from bothy.wakes.preflight import Preflight, PreflightSeen
+from bothy.wakes.reports import Reports
 
 if TYPE_CHECKING:
     from bothy.engine.toolbox import Asker
 
 WEBHOOK = "webhook"
+_PREFLIGHT_SHOWN_CHARS = 8000  # of its output, in the heartbeat's prompt
+
+
+@dataclass(frozen=True)
+class Quiet:
+    """A fire that needed no run: its heartbeat's preflight saw nothing new (audited
+    ``heartbeat quiet``). The wake is done; nothing was reserved or spent."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """An unattended wake's run, and where its findings go (None: the alert channel)."""
+
+    request: RunRequest
+    report_to: str | None
 
 
 class WakeStart:
@@ -72,6 +98,13 @@ class WakeStart:
         await self._inbox.set_run(self._wake_id, self.run_id)
         return await self._supervisor.execute(request, asker=asker, admitted=self._admitted)
 
+    async def stopped_before_start(self) -> bool:
+        """Whether Bothy is stopping and this attempt's run never reached a worker: nothing
+        ran, so the dispatcher queues the wake again and it runs after the restart (a handler
+        whose wake someone waits for tells them that, not the run's cancellation)."""
+        return (self._supervisor.stopping.is_set()
+                and not await self._supervisor.pool.reached_worker(self.run_id))
+
 
 class WakeHandler(Protocol):
     """Turns the wakes of one source into runs: the dispatcher holds one per source."""
@@ -83,38 +116,50 @@ class WakeHandler(Protocol):
 
     async def handle(
         self, wake: WakeRow, delivery: Delivery, start: WakeStart
-    ) -> RunResult | Ignored:
+    ) -> RunResult | Ignored | Quiet:
         """Run what ``wake`` asks for (through ``start.run``), or say why it asks for none."""
         ...
 
 
 class _Unattended(abc.ABC):
-    """A source whose wake becomes a plain request, run with nobody waiting for it."""
+    """A source whose wake becomes a plain request, run with nobody waiting for it: its
+    questions and its findings are posted where its job says (``report_to``)."""
 
     retries_refused = True
 
+    def __init__(self, cfg: Config, reports: Reports) -> None:
+        self._cfg = cfg
+        self._reports = reports
+
     async def handle(
         self, wake: WakeRow, delivery: Delivery, start: WakeStart
-    ) -> RunResult | Ignored:
+    ) -> RunResult | Ignored | Quiet:
         made = await self.request(wake, delivery, start)
-        return made if isinstance(made, Ignored) else await start.run(made)
+        if isinstance(made, Ignored | Quiet):
+            return made
+        questions = self._reports.asker(made.request, made.report_to)
+        try:
+            result = await start.run(made.request, asker=questions)
+        except BaseException:
+            questions.cancel()
+            raise
+        await questions.posted()  # a question is never posted after the run's report
+        await self._reports.finished(made.request, result, made.report_to)
+        return result
 
     @abc.abstractmethod
     async def request(
         self, wake: WakeRow, delivery: Delivery, start: WakeStart
-    ) -> RunRequest | Ignored:
+    ) -> _Planned | Ignored | Quiet:
         """The request ``wake`` makes, or why it makes none."""
 
 
 class WebhookJobs(_Unattended):
     """A webhook delivery's run: its route's matching job, or why it wakes none."""
 
-    def __init__(self, cfg: Config) -> None:
-        self._cfg = cfg
-
     async def request(
         self, wake: WakeRow, delivery: Delivery, start: WakeStart
-    ) -> RunRequest | Ignored:
+    ) -> _Planned | Ignored:
         route = self._cfg.webhooks.get(wake.route)
         if route is None:
             return Ignored("its route is no longer configured")
@@ -125,25 +170,22 @@ class WebhookJobs(_Unattended):
         if isinstance(matched, Ignored):
             return matched
         job = matched.job
-        return RunRequest.for_wake(
+        return _Planned(RunRequest.for_wake(
             self._cfg, prompt=matched.prompt, subject=matched.subject, source=WEBHOOK,
             run_id=start.run_id, details=start.details, asked_usd_micros=_micros(job.max_usd),
             profile=job.profile,
             trusted=False,  # a signature authenticates the sender, not the content
             can_hold=False,  # nobody is in a thread to answer: questions decline at once
             ref=render_ref(job.ref, payload) if job.ref else None,
-        )
+        ), job.report_to)
 
 
 class PollJobs(_Unattended):
     """Something new a poller saw, run as untrusted input; or why it wakes nothing."""
 
-    def __init__(self, cfg: Config) -> None:
-        self._cfg = cfg
-
     async def request(
         self, wake: WakeRow, delivery: Delivery, start: WakeStart
-    ) -> RunRequest | Ignored:
+    ) -> _Planned | Ignored:
         spec = self._cfg.pollers.get(wake.route)
         if spec is None:
             return Ignored("its poller is no longer configured")
@@ -151,7 +193,7 @@ class PollJobs(_Unattended):
         raw = None if payload is not None else delivery.body.decode(errors="replace")
         job = spec.job
         token = new_token()
-        return RunRequest.for_wake(
+        return _Planned(RunRequest.for_wake(
             self._cfg,
             prompt=render_prompt(job, payload or {}, wake.route, "poll", token, raw=raw,
                                  what="poller"),
@@ -161,32 +203,75 @@ class PollJobs(_Unattended):
             trusted=False,  # whoever wrote what the poll fetched is unknown (rule 6)
             can_hold=False,
             ref=render_ref(job.ref, payload or {}) if job.ref else None,
-        )
+        ), job.report_to)
 
 
 class ScheduleFires(_Unattended):
-    """A schedule's fire, run as the schedule was when it fired; or why it cannot run."""
+    """A schedule's fire, run as the schedule was when it fired; or why it cannot run; or,
+    for a heartbeat whose preflight saw nothing new, quiet."""
 
-    def __init__(self, cfg: Config, home: BothyHome) -> None:
-        self._cfg = cfg
+    def __init__(self, cfg: Config, reports: Reports, *, home: BothyHome,
+                 store: schedules.ScheduleStore, audit: AuditLog) -> None:
+        super().__init__(cfg, reports)
         self._home = home
+        self._store = store
+        self._audit = audit
 
     async def request(
         self, wake: WakeRow, delivery: Delivery, start: WakeStart
-    ) -> RunRequest | Ignored:
+    ) -> _Planned | Ignored | Quiet:
         try:
             schedule = schedules.Schedule.from_snapshot(delivery.body)
         except ValueError as exc:
             return Ignored(f"its schedule snapshot cannot be read: {exc}")
+        seen = None
+        if schedule.kind == "heartbeat" and schedule.preflight_argv:
+            seen = await self._preflight(schedule, start)
+            if not seen.woken:
+                return Quiet(f"preflight `{' '.join(schedule.preflight_argv)}` {seen.why}")
         built = await schedules.schedule_request(schedule, self._cfg, self._home,
                                                  run_id=start.run_id, details=start.details)
-        return Ignored(built.reason) if isinstance(built, schedules.Unrunnable) else built
+        if isinstance(built, schedules.Unrunnable):
+            return Ignored(built.reason)
+        if seen is not None:
+            built = dataclasses.replace(built, prompt=_with_preflight(built.prompt, schedule,
+                                                                      seen))
+        return _Planned(built, schedule.report_to)
+
+    async def _preflight(self, schedule: schedules.Schedule, start: WakeStart) -> PreflightSeen:
+        """Run the heartbeat's preflight, keep what it saw, and audit whether it woke the
+        model (``heartbeat woken``) or not (``heartbeat quiet``: no run follows)."""
+        assert schedule.preflight_argv is not None
+        check = Preflight(schedule.preflight_argv, cwd=self._cfg.workspace,
+                          env=build_launch(self._cfg.codex).env)  # verify-cmd's environment
+        seen = await check.check(await self._store.preflight_seen(schedule.name))
+        await self._store.set_preflight_seen(schedule.name, seen.sha256)
+        await self._audit.record(
+            "heartbeat", "woken" if seen.woken else "quiet", "ok", subject=schedule.subject,
+            details={**start.details, "schedule": schedule.name, "preflight": check.command,
+                     "why": seen.why, "exit_code": seen.exit_code, "sha256": seen.sha256})
+        return seen
 
 
-def unattended(cfg: Config, home: BothyHome) -> dict[str, WakeHandler]:
+def _with_preflight(prompt: str, schedule: schedules.Schedule, seen: PreflightSeen) -> str:
+    """The heartbeat's prompt, told what its preflight saw (its output framed as data: the
+    operator wrote the command, not what it reads)."""
+    command = " ".join(schedule.preflight_argv or [])
+    said = f"The preflight check `{command}` {seen.why}."
+    if seen.output:
+        said += "\n" + frame(seen.output, token=new_token(), source="the preflight command",
+                              limit_chars=_PREFLIGHT_SHOWN_CHARS)
+    instruction = schedules.HEARTBEAT_INSTRUCTION
+    if prompt.endswith(instruction):  # the instruction stays the last thing it reads
+        return f"{prompt.removesuffix(instruction)}{said}\n\n{instruction}"
+    return f"{prompt}\n\n{said}"
+
+
+def unattended(cfg: Config, home: BothyHome, *, reports: Reports,
+               store: schedules.ScheduleStore, audit: AuditLog) -> dict[str, WakeHandler]:
     """The table of the sources nobody waits for, by source."""
-    return {WEBHOOK: WebhookJobs(cfg), poller.SOURCE: PollJobs(cfg),
-            schedules.SOURCE: ScheduleFires(cfg, home)}
+    return {WEBHOOK: WebhookJobs(cfg, reports), poller.SOURCE: PollJobs(cfg, reports),
+            schedules.SOURCE: ScheduleFires(cfg, reports, home=home, store=store, audit=audit)}
 
 
 def _micros(usd: Decimal | None) -> int | None:

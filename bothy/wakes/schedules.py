@@ -62,17 +62,21 @@ class Schedule:
     last_fire_us: int | None = None
     next_fire_us: int | None = None  # kept for `bothy status`, which cannot evaluate cron
     ref: str | None = None  # its runs' task in Cairn (docs/CAIRN.md)
+    report_to: str | None = None  # where its findings go (slack:C0OPS); else the alert channel
+    preflight_argv: list[str] | None = None  # a heartbeat's cheap check before the model
 
     @classmethod
     def from_row(cls, row: Any) -> Schedule:
         argv = row["verify_argv"]
+        preflight = row["preflight_argv"]
         return cls(
             name=row["name"], cron=row["cron"], kind=row["kind"], prompt=row["prompt"],
             sop=row["sop"], profile=row["profile"],
             verify_argv=json.loads(argv) if argv is not None else None,
             verify_regex=row["verify_regex"], max_usd_micros=row["max_usd_micros"],
             created_us=row["created_us"], last_fire_us=row["last_fire_us"],
-            next_fire_us=row["next_fire_us"], ref=row["ref"],
+            next_fire_us=row["next_fire_us"], ref=row["ref"], report_to=row["report_to"],
+            preflight_argv=json.loads(preflight) if preflight is not None else None,
         )
 
     def snapshot(self) -> bytes:
@@ -84,7 +88,7 @@ class Schedule:
         """Read back :meth:`snapshot`; ValueError if ``body`` is not one."""
         try:
             document = json.loads(body)
-            # A field added since the snapshot was taken (ref) takes its default.
+            # A field added since the snapshot was taken (ref, report_to) takes its default.
             return cls(**{name: document[name] for name in cls.__dataclass_fields__
                           if name in document})
         except (ValueError, KeyError, TypeError) as exc:
@@ -196,15 +200,20 @@ class ScheduleStore:
         now = self._clock()
         upcoming = next_fire(trigger, now)
         argv = json.dumps(schedule.verify_argv) if schedule.verify_argv is not None else None
+        preflight = (json.dumps(schedule.preflight_argv)
+                     if schedule.preflight_argv is not None else None)
         async with self._db.transaction():
             changed = await self._db.execute(
                 "INSERT INTO schedules (name, cron, kind, prompt, sop, profile, verify_argv,"
-                " verify_regex, max_usd_micros, created_us, last_fire_us, next_fire_us, ref)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?) ON CONFLICT (name) DO NOTHING",
+                " verify_regex, max_usd_micros, created_us, last_fire_us, next_fire_us, ref,"
+                " report_to, preflight_argv)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)"
+                " ON CONFLICT (name) DO NOTHING",
                 (schedule.name, " ".join(schedule.cron.split()), schedule.kind, schedule.prompt,
                  schedule.sop, schedule.profile, argv, schedule.verify_regex,
                  schedule.max_usd_micros, to_us(now),
-                 to_us(upcoming) if upcoming is not None else None, schedule.ref),
+                 to_us(upcoming) if upcoming is not None else None, schedule.ref,
+                 schedule.report_to, preflight),
             )
         return await self.get(schedule.name) if changed == 1 else None
 
@@ -231,6 +240,18 @@ class ScheduleStore:
                 " next_fire_us = ? WHERE name = ?",
                 (fire_us, next_fire_us, name),
             )
+
+    async def preflight_seen(self, name: str) -> str | None:
+        """The hash of the output the preflight of ``name`` gave at its last fire, if any."""
+        row = await self._db.fetch_one(
+            "SELECT preflight_sha256 FROM schedules WHERE name = ?", (name,))
+        return str(row["preflight_sha256"]) if row is not None and row["preflight_sha256"] else None
+
+    async def set_preflight_seen(self, name: str, sha256: str | None) -> None:
+        """Keep what this fire's preflight gave, for the next fire to compare with."""
+        async with self._db.transaction():
+            await self._db.execute(
+                "UPDATE schedules SET preflight_sha256 = ? WHERE name = ?", (sha256, name))
 
     async def set_next_fire(self, name: str, next_fire_us: int | None) -> None:
         async with self._db.transaction():

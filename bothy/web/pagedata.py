@@ -208,10 +208,9 @@ class PageData:
 
     def _records(self, run_id: str) -> list[AuditRecord]:
         """The run's records, its wake's first, as ``bothy audit --run`` reads them."""
-        from bothy.commands.operate import run_records  # its one reader
-        from bothy.engine.audit import AuditLog
+        from bothy.engine.auditindex import RunIndex  # through the run-id index
 
-        return run_records(AuditLog(self._home.audit_path), run_id)
+        return RunIndex(self._home.audit_path).records(run_id)
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection | None]:

@@ -1,0 +1,86 @@
+"""A clean stop of a real `bothy serve` with chat wakes in flight (issue 10 item 1, for chat):
+the real slack-bolt against the fake Slack.
+
+A mention whose run had not started when SIGTERM came is queued again and runs after the
+restart: its thread hears one honest thing first (it will run when Bothy starts again), never
+a cancellation followed by the answer; a run the stop cut short is told as cancelled (it will
+not run again); and the chat stays connected until those runs have ended, so both are heard.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.model_server import ModelServer, stall, text
+from tests.fakes.shell import DEADLINE_S, Shell, audit_records, until
+from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
+from tests.test_chat_serve import CHANNEL, OPERATOR, _posts_in, _site
+from tests.test_serve import records, start_serve
+
+pytestmark = pytest.mark.codex
+
+
+@pytest.fixture(autouse=True)
+def _environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tokens for `bothy serve`; no proxy may hijack loopback (chat-testing.md, pitfall 1)."""
+    for name in list(os.environ):
+        if name.lower().endswith("_proxy"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
+    monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[ModelServer]:
+    async with ModelServer() as running:
+        yield running
+
+
+@pytest.fixture
+async def slack() -> AsyncIterator[FakeSlack]:
+    async with FakeSlack(ack_timeout_s=5.0) as fake:
+        yield fake
+
+RUNS_AFTER = "Bothy is stopping, so this has not started yet: it will run when Bothy starts again."
+
+
+async def test_a_mention_stopped_before_its_run_hears_it_will_run_then_its_answer(
+    tmp_path: Path, server: ModelServer, slack: FakeSlack
+) -> None:
+    """Pool of one: A mid-turn, B waiting for the slot; SIGTERM. A's thread hears it was
+    cancelled; B's that it runs after the restart, and then, after it, its answer — once."""
+    server.script(stall("Looking"), text("B is done."))
+    site = _site(tmp_path, server, slack)
+    site.config["pool"] = {"max_workers": 1}
+    site.config["wakes"] = {"shutdown_grace_s": 0.5}
+    site.write_config(site.config)
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        first = slack.send_mention(OPERATOR, CHANNEL, "task A")
+        await server.wait_for_requests(1)
+        second = slack.send_mention(OPERATOR, CHANNEL, "task B")
+        await until(lambda: len(records(site, "run", "admitted")) == 2, "B admitted, waiting")
+        serving.command.signal(signal.SIGTERM)
+        stopped = await serving.command.finish(timeout_s=DEADLINE_S)
+        heard_before_restart = (_posts_in(slack, first), _posts_in(slack, second))
+
+        restarted = await start_serve(shell)
+        await until(lambda: "B is done." in _posts_in(slack, second), "B's answer")
+        assert await restarted.stop() == 0
+
+    assert stopped.code == 0, stopped.stderr
+    [cut] = heard_before_restart[0]
+    assert cut.startswith("(cancelled) "), cut
+    assert heard_before_restart[1] == [RUNS_AFTER]
+    assert _posts_in(slack, second) == [RUNS_AFTER, "B is done."]
+    assert _posts_in(slack, first) == [cut]  # not run again
+    [requeued] = records(site, "wake", "requeued")
+    assert requeued.details["delivery"] == f"{CHANNEL}:{second}"
+    assert records(site, "wake", "crashed") == []
+    assert audit_records(site, lambda r: r.kind == "chat") == []  # every post went through
+    assert len(server.requests) == 2  # A once (cut), B once (after the restart)
