@@ -3,8 +3,8 @@
 Synchronous on purpose (the site calls it in a worker thread, off the event loop): the state
 database is read with the standard library's ``sqlite3``, read-only, as ``bothy status`` reads
 it, and the status document is ``bothy status --json``'s own (:func:`bothy.status.collect_status`,
-its one owner). A run's records are ``bothy audit --run``'s (``run_records``), its spans
-``bothy trace``'s (:func:`bothy.trace.build_spans`), read through the run-id index.
+its one owner). A run's records are ``bothy audit --run``'s (read through the register's
+run-id index, ``RunIndex``), its spans ``bothy trace``'s (:func:`bothy.trace.build_spans`).
 """
 
 from __future__ import annotations
