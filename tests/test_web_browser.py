@@ -30,6 +30,7 @@ import pytest
 from bothy.engine.rpc import RECORD_ENV
 from tests.codex_schema import CodexSchema
 from tests.fakes import github
+from tests.fakes.cairn import FakeCairn
 from tests.fakes.model_server import ModelServer, http_error, text, tool_call
 from tests.fakes.shell import Command, Shell, until
 from tests.fakes.site import Site
@@ -85,7 +86,7 @@ class Built:
     shell: Shell
     serving: Serving
     public_port: int
-    completed: str  # `bothy run`, lane ops
+    completed: str  # `bothy run`, lane ops, its task ACME-12 in Cairn
     failed: str  # `bothy run`, lane nightly: the provider answered 500
     reviewed: str  # the webhook run, lane pr:7, whose answer quotes the PR's title
     held: str  # `bothy run`, lane held, waiting on a question
@@ -110,13 +111,17 @@ class Built:
 
 async def _build(root: Path, stack: contextlib.AsyncExitStack) -> Built:
     model = await stack.enter_async_context(ModelServer())
+    cairn = FakeCairn(root / "cairn")
+    cairn.add("ACME-12", brief="Keep an eye on the disks.")
     site = serve_site(root, model, listen={"public_port": free_port()},
                       web={"token_env": "PAGES_TOKEN"}, profiles={"selfcare": {
                           "tools": ["bothy_checklist"],
-                          "approvals": {"bothy_checklist": "confirm"}}})
+                          "approvals": {"bothy_checklist": "confirm"}}},
+                      cairn={"command": cairn.command, "timeout_s": 5.0})
     shell = await stack.enter_async_context(Shell(site))
     model.script(text("The disks are fine."))
-    completed = await shell.start("run", "Check the disks", "--subject", "ops")
+    completed = await shell.start("run", "Check the disks", "--subject", "ops",
+                                  "--ref", "ACME-12")
     completed_id = await completed.admitted()
     assert (await completed.finish()).code == 0
     model.script(http_error(500, '{"error": {"message": "upstream on fire", "type": "x"}}'))
@@ -337,6 +342,17 @@ def test_a_run_page_draws_its_trace_and_shows_the_injected_title_as_text(
     shown = [element.text for element in page.find_elements(By.CSS_SELECTOR, "#records .record")]
     assert shown == lines
     assert _text(page, "#cairn-ref") == "none"
+
+
+def test_a_run_page_shows_its_task_in_cairn(built: Built, page: WebDriver) -> None:
+    """A run started with `--ref ACME-12` shows the task and what was done with it, as its
+    register's cairn records say."""
+    page.get(f"{built.base}/bothy/runs/{built.completed}")
+    events = [" ".join(line.split()[3:5]) for line in
+              built.bothy("audit", "--run", built.completed).splitlines() if " cairn " in line]
+    assert events[0] == "claimed ok" and events[-1] == "released ok"
+    assert _text(page, "#cairn-ref") == f"ACME-12 ({', '.join(events)})"
+    assert _text(page, "#final-text") == "The disks are fine."
 
 
 def test_the_failed_run_page_says_why(built: Built, page: WebDriver, tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from bothy.clock import from_us, to_us
 from bothy.engine.run import Outcome
 from bothy.home import BothyHome
 from bothy.money import format_usd
-from bothy.status import collect_status, status_view
+from bothy.status import collect_status, connection_line, status_view
 from bothy.trace import build_spans
 from bothy.web.charts import plan_chart, spend_chart, waterfall
 from bothy.web.register import RegisterView
@@ -102,6 +102,8 @@ class PageData:
         page: dict[str, Any] = {
             "status": status,
             "uptime": _elapsed(now - self._started_at),
+            "chat_lines": [connection_line(name, entry)  # `bothy status`'s own wording
+                           for name, entry in status.get("chat_connections", {}).items()],
             "lanes": _lanes(status),
             "spend_chart": None, "plan_chart": None,
             "runs_today": {},
