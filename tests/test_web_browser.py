@@ -375,3 +375,24 @@ def test_the_public_port_refuses_the_pages(built: Built, browser: WebDriver) -> 
             "error": "no webhook route here"}, path
         assert "Overview" not in browser.page_source
     browser.get_log("browser")  # each 404 is logged as a failed load: expected here
+
+
+def test_the_json_api_beside_the_pages_says_what_the_cli_says(built: Built) -> None:
+    """With the bearer token: the runs list names every run, and a run's document carries its
+    register lines and the trace `bothy trace RUN --json` prints; without it, 401."""
+    import httpx
+
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=built.base, timeout=30) as client:
+        refused = client.get("/bothy/api/runs")
+        runs = client.get("/bothy/api/runs", headers=bearer).json()
+        run = client.get(f"/bothy/api/runs/{built.reviewed}", headers=bearer).json()
+    trace = json.loads(built.bothy("trace", built.reviewed, "--json"))
+    lines = built.bothy("audit", "--run", built.reviewed).splitlines()
+
+    assert refused.status_code == 401
+    assert {r["run_id"] for r in runs["runs"]} >= {built.completed, built.failed,
+                                                    built.reviewed, built.held}
+    assert run["trace"] == trace
+    assert run["register"] == lines
+    assert (run["run"]["outcome"], run["final_text"]) == ("completed", f"Reviewed: {TITLE}")
