@@ -111,15 +111,17 @@ def test_the_scan_lets_ordinary_notes_through(text: str) -> None:
 def test_held_secrets_are_the_values_of_every_secret_variable_the_config_names(
     tmp_path: Path,
 ) -> None:
-    """Chat tokens, webhook secrets, codex.env and MCP env values are held; others are not."""
+    """Chat tokens, webhook secrets, the pages' token, codex.env and MCP env values are held;
+    others are not."""
     site = Site(tmp_path, NOWHERE, chat={"slack": {"allowed_users": ["U1"]}},
                 webhooks={"gh": {"path": "/gh", "secret_env": ["GH_SECRET"]}})
     cfg = parse_config(site.config, path=site.home / "config.json")
 
     held = held_secrets(cfg, {"SLACK_BOT_TOKEN": "xb-1", "GH_SECRET": "s3cr3t-hook",
-                              "FAKE_OPENAI_API_KEY": "bothy-test", "UNRELATED": "nope"})
+                              "FAKE_OPENAI_API_KEY": "bothy-test", "UNRELATED": "nope",
+                              "BOTHY_WEB_TOKEN": "page-token-1"})
 
-    assert sorted(held) == ["bothy-test", "s3cr3t-hook", "xb-1"]
+    assert sorted(held) == ["bothy-test", "page-token-1", "s3cr3t-hook", "xb-1"]
 
 
 # --- writes: caps, batches, the lock ----------------------------------------------------

@@ -316,3 +316,34 @@ async def test_in_plan_mode_the_overview_draws_the_windows_status_reports(
     bars = re.findall(r'<rect class="used" [^>]*><title>(.*?)</title>', page.text)
     assert bars == ["primary: 40% used", "secondary: 12% used"]
     assert 'id="spend-chart"' not in page.text
+
+
+@pytest.mark.codex
+async def test_the_overview_shows_the_chat_connection_as_status_does(
+    server: ModelServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With Slack connected (the real slack-bolt against the fake), the overview names the
+    connection and its liveness line in `bothy status`'s own words."""
+    import os
+
+    from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
+
+    for name in list(os.environ):
+        if name.lower().endswith("_proxy"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
+    monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
+    async with FakeSlack(ack_timeout_s=5.0) as slack:
+        site = serve_site(tmp_path, server, chat={"slack": {"api_url": slack.api_url,
+                                                           "allowed_users": ["U1"]}})
+        async with Shell(site) as shell:
+            serving = await start_serve(shell)
+            async with _client(serving.port) as client:
+                page = await client.get("/bothy/")
+            status = json.loads((await shell.bothy("status", "--json")).stdout)
+            assert await serving.stop() == 0
+
+    assert status["chat"] == {"slack": "connected"}
+    assert '<span class="chat" data-platform="slack">slack connected</span>' in page.text
+    [line] = re.findall(r'<ul id="chat-connections">\n<li>(.*?)</li>', page.text)
+    assert line.startswith("slack: last event ") and ", last ping " in line

@@ -30,6 +30,7 @@ import pytest
 from bothy.engine.rpc import RECORD_ENV
 from tests.codex_schema import CodexSchema
 from tests.fakes import github
+from tests.fakes.cairn import FakeCairn
 from tests.fakes.model_server import ModelServer, http_error, text, tool_call
 from tests.fakes.shell import Command, Shell, until
 from tests.fakes.site import Site
@@ -85,7 +86,7 @@ class Built:
     shell: Shell
     serving: Serving
     public_port: int
-    completed: str  # `bothy run`, lane ops
+    completed: str  # `bothy run`, lane ops, its task ACME-12 in Cairn
     failed: str  # `bothy run`, lane nightly: the provider answered 500
     reviewed: str  # the webhook run, lane pr:7, whose answer quotes the PR's title
     held: str  # `bothy run`, lane held, waiting on a question
@@ -110,13 +111,17 @@ class Built:
 
 async def _build(root: Path, stack: contextlib.AsyncExitStack) -> Built:
     model = await stack.enter_async_context(ModelServer())
+    cairn = FakeCairn(root / "cairn")
+    cairn.add("ACME-12", brief="Keep an eye on the disks.")
     site = serve_site(root, model, listen={"public_port": free_port()},
                       web={"token_env": "PAGES_TOKEN"}, profiles={"selfcare": {
                           "tools": ["bothy_checklist"],
-                          "approvals": {"bothy_checklist": "confirm"}}})
+                          "approvals": {"bothy_checklist": "confirm"}}},
+                      cairn={"command": cairn.command, "timeout_s": 5.0})
     shell = await stack.enter_async_context(Shell(site))
     model.script(text("The disks are fine."))
-    completed = await shell.start("run", "Check the disks", "--subject", "ops")
+    completed = await shell.start("run", "Check the disks", "--subject", "ops",
+                                  "--ref", "ACME-12")
     completed_id = await completed.admitted()
     assert (await completed.finish()).code == 0
     model.script(http_error(500, '{"error": {"message": "upstream on fire", "type": "x"}}'))
@@ -249,7 +254,7 @@ def test_the_overview_shows_what_bothy_status_json_says(
 ) -> None:
     """Every figure of the overview is `bothy status --json`'s: serve, chat, pool, lanes and
     their queues, held questions, spend against the ceiling (and its chart), schedules; the
-    register's head is `bothy audit head`'s."""
+    register's head is `bothy audit head`'s; the page reloads itself and holds no script."""
     page.get(f"{built.base}/bothy/")
     status = json.loads(built.bothy("status", "--json"))
     head = json.loads(built.bothy("audit", "head", "--json"))
@@ -276,6 +281,9 @@ def test_the_overview_shows_what_bothy_status_json_says(
     assert _text(page, "#schedules .next-fire") == schedule["next_fire"]
     assert _text(page, "#register-seq") == str(head["seq"])
     assert _text(page, "#register-hash") == head["hash"]
+    refresh = page.find_element(By.CSS_SELECTOR, 'meta[http-equiv="refresh"]')
+    assert refresh.get_attribute("content") == "15"  # it reloads itself, with no script
+    assert page.execute_script("return document.scripts.length") == 0
 
 
 def test_the_runs_page_lists_and_filters_the_runs(
@@ -336,6 +344,17 @@ def test_a_run_page_draws_its_trace_and_shows_the_injected_title_as_text(
     assert _text(page, "#cairn-ref") == "none"
 
 
+def test_a_run_page_shows_its_task_in_cairn(built: Built, page: WebDriver) -> None:
+    """A run started with `--ref ACME-12` shows the task and what was done with it, as its
+    register's cairn records say."""
+    page.get(f"{built.base}/bothy/runs/{built.completed}")
+    events = [" ".join(line.split()[3:5]) for line in
+              built.bothy("audit", "--run", built.completed).splitlines() if " cairn " in line]
+    assert events[0] == "claimed ok" and events[-1] == "released ok"
+    assert _text(page, "#cairn-ref") == f"ACME-12 ({', '.join(events)})"
+    assert _text(page, "#final-text") == "The disks are fine."
+
+
 def test_the_failed_run_page_says_why(built: Built, page: WebDriver, tmp_path: Path) -> None:
     """A failed run's page shows its outcome and the reason its register gives."""
     page.get(f"{built.base}/bothy/runs/{built.failed}")
@@ -356,3 +375,24 @@ def test_the_public_port_refuses_the_pages(built: Built, browser: WebDriver) -> 
             "error": "no webhook route here"}, path
         assert "Overview" not in browser.page_source
     browser.get_log("browser")  # each 404 is logged as a failed load: expected here
+
+
+def test_the_json_api_beside_the_pages_says_what_the_cli_says(built: Built) -> None:
+    """With the bearer token: the runs list names every run, and a run's document carries its
+    register lines and the trace `bothy trace RUN --json` prints; without it, 401."""
+    import httpx
+
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=built.base, timeout=30) as client:
+        refused = client.get("/bothy/api/runs")
+        runs = client.get("/bothy/api/runs", headers=bearer).json()
+        run = client.get(f"/bothy/api/runs/{built.reviewed}", headers=bearer).json()
+    trace = json.loads(built.bothy("trace", built.reviewed, "--json"))
+    lines = built.bothy("audit", "--run", built.reviewed).splitlines()
+
+    assert refused.status_code == 401
+    assert {r["run_id"] for r in runs["runs"]} >= {built.completed, built.failed,
+                                                    built.reviewed, built.held}
+    assert run["trace"] == trace
+    assert run["register"] == lines
+    assert (run["run"]["outcome"], run["final_text"]) == ("completed", f"Reviewed: {TITLE}")

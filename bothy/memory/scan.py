@@ -85,6 +85,7 @@ def held_secrets(cfg: Config, environ: Mapping[str, str]) -> list[str]:
         names.add(cfg.chat.discord.token_env)
     for route in cfg.webhooks.values():
         names |= set(route.secret_env)
+    names.add(cfg.web.token_env)  # the status pages' token, when one is set
     for poller in cfg.pollers.values():
         names |= set(poller.headers_env.values())
     for profile in cfg.profiles.values():

@@ -24,6 +24,8 @@ _HOURS = (0, 3, 6, 9, 12, 15, 18, 21, 24)
 
 @dataclass(frozen=True)
 class Line:
+    """A straight line: an axis, the ceiling, now."""
+
     x1: float
     y1: float
     x2: float
@@ -33,6 +35,8 @@ class Line:
 
 @dataclass(frozen=True)
 class Bar:
+    """A rectangle: a reservation, a window's use, a span; ``title`` is its tooltip."""
+
     x: float
     y: float
     width: float
@@ -43,6 +47,8 @@ class Bar:
 
 @dataclass(frozen=True)
 class Label:
+    """A text at a point, anchored at its start, middle or end."""
+
     x: float
     y: float
     text: str

@@ -3,8 +3,8 @@
 Synchronous on purpose (the site calls it in a worker thread, off the event loop): the state
 database is read with the standard library's ``sqlite3``, read-only, as ``bothy status`` reads
 it, and the status document is ``bothy status --json``'s own (:func:`bothy.status.collect_status`,
-its one owner). A run's records are ``bothy audit --run``'s (``run_records``), its spans
-``bothy trace``'s (:func:`bothy.trace.build_spans`).
+its one owner). A run's records are ``bothy audit --run``'s (read through the register's
+run-id index, ``RunIndex``), its spans ``bothy trace``'s (:func:`bothy.trace.build_spans`).
 """
 
 from __future__ import annotations
@@ -15,17 +15,20 @@ import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from bothy.clock import from_us, to_us
 from bothy.engine.run import Outcome
 from bothy.home import BothyHome
 from bothy.money import format_usd
-from bothy.status import collect_status, status_view
+from bothy.status import collect_status, connection_line, status_view
 from bothy.trace import build_spans
 from bothy.web.charts import plan_chart, spend_chart, waterfall
 from bothy.web.register import RegisterView
+
+if TYPE_CHECKING:
+    from bothy.engine.audit import AuditRecord
 
 __all__ = ["FILTERS", "BadFilter", "PageData", "RunFilter"]
 
@@ -46,6 +49,8 @@ class BadFilter:
 
 @dataclass(frozen=True)
 class RunFilter:
+    """Which runs the runs page lists: an outcome (or queued, running), a lane, older than."""
+
     outcome: str | None = None
     lane: str | None = None
     before: int | None = None  # show runs older than this seq (the "older" link)
@@ -97,6 +102,8 @@ class PageData:
         page: dict[str, Any] = {
             "status": status,
             "uptime": _elapsed(now - self._started_at),
+            "chat_lines": [connection_line(name, entry)  # `bothy status`'s own wording
+                           for name, entry in status.get("chat_connections", {}).items()],
             "lanes": _lanes(status),
             "spend_chart": None, "plan_chart": None,
             "runs_today": {},
@@ -161,15 +168,13 @@ class PageData:
     def run(self, run_id: str) -> dict[str, Any] | None:
         """One run: its row, its register lines, its spans drawn as a waterfall, its answer and
         its task in Cairn; None if neither the state nor the register knows it."""
-        from bothy.engine.auditindex import RunIndex  # `bothy audit --run`'s own reader
-
         zone = ZoneInfo(status_view(self._home).timezone)
         with self._db() as db:
             row = None if db is None else db.execute(
                 "SELECT seq, run_id, subject, source, status, outcome, spent_micros,"
                 " reserved_micros, admitted_us, started_us, finished_us, reason, final_text,"
                 " model, tokens FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        records = RunIndex(self._home.audit_path).records(run_id)
+        records = self._records(run_id)
         if row is None and not records:
             return None
         spans = build_spans(run_id, records)
@@ -202,6 +207,12 @@ class PageData:
                 "cairn_ref": page["cairn_ref"],
                 "register": [r["line"] for r in page["records"]],
                 "trace": otlp_request(run_id, page["spans"], version=__version__)}
+
+    def _records(self, run_id: str) -> list[AuditRecord]:
+        """The run's records, its wake's first, as ``bothy audit --run`` reads them."""
+        from bothy.engine.auditindex import RunIndex  # through the run-id index
+
+        return RunIndex(self._home.audit_path).records(run_id)
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection | None]:

@@ -72,6 +72,7 @@ class StatusSite:
             max_workers=1, thread_name_prefix="bothy-web")
         self._waiting = 0
         self._templates: Any = None  # the Jinja2 environment, made on the first page
+        self._files: dict[str, bytes] = {}
 
     def owns(self, path: str) -> bool:
         """``/``, ``/bothy`` and everything under ``/bothy/`` (a webhook route at ``/`` wins:
@@ -200,7 +201,10 @@ class StatusSite:
         kind = _STATIC.get(name)
         if kind is None:
             return web.Response(status=404, text="no such file", content_type="text/plain")
-        body = resources.files("bothy.web").joinpath("static", name).read_bytes()
+        body = self._files.get(name)
+        if body is None:  # read once (a few hundred bytes), then served from memory
+            body = self._files[name] = resources.files("bothy.web").joinpath(
+                "static", name).read_bytes()
         return web.Response(body=body, headers={"Content-Type": kind})
 
     def _refusal(self, request: web.BaseRequest, status: int, message: str) -> web.Response:
