@@ -212,9 +212,8 @@ async def _both_serve(root: Path, model: Any, slack: Any, discord: Any, certific
            READY_TARGET_MS, higher_is_better=False)
     _note(f"spawn → `serve starting` {serve.starting_s * 1000:.0f} ms; starting → ready"
           f" {connect_s * 1000:.0f} ms, about {(connect_s - slack_connect_s) * 1000:.0f} ms"
-          " more than (a): Bothy connects the adapters one after the other, and discord.py"
-          " is ready only guild_ready_s (DiscordAdapter's default 2.0 s) after the last"
-          " GUILD_CREATE")
+          " more than (a): the adapters connect side by side; Discord is ready once the"
+          " guilds its READY named have arrived")
     figure(f"idle VmRSS, both connected, after {IDLE_S:g} s (MB)", idle_mb, "MB",
            RSS_TARGET_MB, higher_is_better=False)
     _latencies("Discord", site, mentions)

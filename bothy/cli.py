@@ -8,6 +8,7 @@ without an event loop, the engine or pydantic models whenever it can, so it star
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -255,6 +256,10 @@ def _config_exit(command: str, message: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # pydantic looks for plugins among every installed distribution's entry points when it
+    # builds the config's first model (a scan on every start of every command); Bothy uses
+    # none. An operator who wants one sets the variable (pydantic's docs: "Plugins").
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     try:
         code = _main(argv)
         sys.stdout.flush()  # here, so a closed pipe is met inside the try

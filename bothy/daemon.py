@@ -26,8 +26,6 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from bothy.atomicfile import write_atomically
 from bothy.chat.base import ChatAdapter
 from bothy.chat.conversation import SOURCE as CHAT_SOURCE
@@ -42,18 +40,19 @@ from bothy.engine.questions import QuestionBoard
 from bothy.errors import AuditIntegrityError, BothyError, ConfigError, TemporaryFailure
 from bothy.home import BothyHome
 from bothy.runtime import Runtime
-from bothy.traceexport import TraceExporter
 from bothy.waits import first_of, recording_stop_signals
 from bothy.wakes.dispatcher import Dispatcher
 from bothy.wakes.handlers import unattended
 from bothy.wakes.inbox import Inbox
-from bothy.wakes.poller import Poller
 from bothy.wakes.reports import Reports
 from bothy.wakes.schedule_runner import ScheduleRunner
 from bothy.wakes.schedules import ScheduleStore
 from bothy.wakes.webhook import WebhookListener
 
 if TYPE_CHECKING:
+    import httpx
+
+    from bothy.wakes.poller import Poller
     from bothy.web import StatusSite
 
 _LISTEN_HOST = "127.0.0.1"  # Tailscale (serve / funnel) carries outside traffic to loopback
@@ -152,12 +151,18 @@ class Daemon:
             if chat is not None:
                 group.create_task(chat.watch(rt), name="chat liveness")
             if self._cfg.otel is not None:  # every finished run's trace, to an OTLP receiver
+                from bothy.traceexport import TraceExporter
+
+                assert http is not None  # _http_client makes one when otel is set
                 exporter = TraceExporter(
                     self._cfg.otel, audit=rt.audit, site=self._cfg.site, clock=rt.clock,
                     queue_path=self._home.otel_queue_path, http=http,
                     environ=os.environ)
                 group.create_task(exporter.run(exports_stop), name="otel")
             for name, spec in self._cfg.pollers.items():
+                from bothy.wakes.poller import Poller
+
+                assert http is not None  # _http_client makes one when there are pollers
                 one = Poller(name, spec, inbox=inbox, db=rt.db, audit=rt.audit, clock=rt.clock,
                              http=http, environ=os.environ, cwd=self._cfg.workspace,
                              on_accepted=dispatcher.poke, alerts=rt.alerts)
@@ -314,8 +319,14 @@ class Daemon:
 
 
 @contextlib.asynccontextmanager
-async def _http_client(cfg: Config) -> AsyncIterator[httpx.AsyncClient]:
-    """One client for every poller; redirects are not followed (a poller names its URL)."""
+async def _http_client(cfg: Config) -> AsyncIterator[httpx.AsyncClient | None]:
+    """One client for every poller and the OTLP export; redirects are not followed (a poller
+    names its URL). None for a site with neither: httpx is then never imported (start-up)."""
+    if not cfg.pollers and cfg.otel is None:
+        yield None
+        return
+    import httpx
+
     async with httpx.AsyncClient(follow_redirects=False) as client:
         yield client
 

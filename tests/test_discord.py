@@ -72,8 +72,8 @@ def make_adapter(fake: FakeDiscord, *, message_content: bool = True,
     cfg = DiscordConfig(message_content_intent=message_content, alert_channel=ALERT_CHANNEL_ID)
     environ = {} if token is None else {"DISCORD_BOT_TOKEN": token}
     knobs.setdefault("ready_timeout_s", 5.0)
-    return DiscordAdapter(cfg, environ=environ, connector=fake.connector, guild_ready_s=0.05,
-                          **knobs)
+    knobs.setdefault("guild_ready_s", 0.05)
+    return DiscordAdapter(cfg, environ=environ, connector=fake.connector, **knobs)
 
 
 @pytest.fixture(scope="session")
@@ -131,6 +131,21 @@ async def test_start_returns_once_ready_over_the_real_hosts(
     assert connection.query == {"v": "10", "encoding": "json", "compress": "zlib-stream"}
     assert connection.identify is not None
     assert connection.identify["intents"] == GUILDS | GUILD_MESSAGES | MESSAGE_CONTENT
+
+
+async def test_start_does_not_wait_out_discord_py_guild_delay_once_the_guilds_arrived(
+    fake: FakeDiscord, inbox: Inbox
+) -> None:
+    """start() returns once every guild READY named has come, not after discord.py's own wait
+    (an hour here: were it waited for, start() would give up at its 5 s bound)."""
+    adapter = make_adapter(fake, guild_ready_s=3600.0)
+    await adapter.start(inbox)
+    try:
+        message_id = await fake.send_mention(ALICE_ID, CHANNEL_ID, "ready?")
+        [message] = await inbox.wait_for(1)
+        assert (message.message_id, message.text) == (message_id, "ready?")
+    finally:
+        await adapter.stop()
 
 
 async def test_a_wrong_token_is_a_chat_auth_error(fake: FakeDiscord) -> None:

@@ -114,7 +114,8 @@ class DiscordAdapter:
     ``connector`` makes the aiohttp connector discord.py uses (called inside the running loop;
     tests point the Discord hosts at a loopback fake with it). ``guild_ready_s`` is how long
     discord.py waits for guilds after READY before it is ready (0.5 s, not discord.py's 2 s: a
-    bot that answers in threads by id needs no member lists, and start-up is on the clock);
+    bot that answers in threads by id needs no member lists, and start-up is on the clock) —
+    a fallback only: :meth:`start` returns as soon as every guild READY named has arrived;
     ``heartbeat_timeout_s`` how long without a heartbeat ACK before it reconnects;
     ``ready_timeout_s`` bounds :meth:`start`; ``stop_grace_s`` how long :meth:`stop` waits for
     ``on_message`` calls.
@@ -159,6 +160,7 @@ class DiscordAdapter:
         self._last_event_at: float | None = None
         self._last_ping_at: float | None = None
         self._back = asyncio.Event()  # set by each READY or RESUMED
+        self._guilds_due: set[str] | None = None  # READY's guilds not yet arrived (connecting)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -228,6 +230,7 @@ class DiscordAdapter:
     async def _connect(self) -> None:
         """A new client: log in, connect the gateway, return once READY."""
         self._ready = asyncio.get_running_loop().create_future()
+        self._guilds_due = None
         self._failure = None
         self._client = client = _Gateway(
             intents=discord.Intents(guilds=True, guild_messages=True,
@@ -291,13 +294,37 @@ class DiscordAdapter:
             self._ready.set_result(None)
 
     def _heard_frame(self, frame: str) -> None:
-        """Every gateway frame (discord.py's debug event): notes heartbeat ACKs."""
+        """Every gateway frame (discord.py's debug event): notes heartbeat ACKs, and READY's
+        guilds arriving while the connection is not yet ready."""
         if len(frame) > _SHORT_FRAME:
+            if self._ready is not None and not self._ready.done():
+                self._guilds_arriving(frame)
             return
         with contextlib.suppress(ValueError):
             parsed = json.loads(frame)
             if isinstance(parsed, dict) and parsed.get("op") == _HEARTBEAT_ACK:
                 self._last_ping_at = time.time()
+
+    def _guilds_arriving(self, frame: str) -> None:
+        """READY names the bot's guilds; once each has come (GUILD_CREATE) the gateway is
+        ready, without discord.py's fixed ``guild_ready_s`` wait after the last one (which
+        stays as the fallback). discord.py has parsed a frame before this debug event runs, so
+        the guilds are in its cache by then."""
+        with contextlib.suppress(ValueError):
+            parsed = json.loads(frame)
+            if not isinstance(parsed, dict) or not isinstance(parsed.get("d"), dict):
+                return
+            event, data = parsed.get("t"), parsed["d"]
+            if event == "READY":
+                self._guilds_due = {str(g.get("id")) for g in data.get("guilds") or []
+                                    if isinstance(g, dict)}
+            elif event == "GUILD_CREATE" and self._guilds_due is not None:
+                self._guilds_due.discard(str(data.get("id")))
+            else:
+                return
+            if self._guilds_due is not None and not self._guilds_due:
+                self._guilds_due = None
+                self._on_ready()
 
     def _heard_event(self) -> None:
         self._last_event_at = time.time()
@@ -645,6 +672,16 @@ class _Gateway(discord.Client):
         self._interaction_hook = on_interaction
         self._frame_hook = on_frame
         self._event_hook = on_event
+
+    async def close(self) -> None:
+        """Close, and end discord.py's guild wait if it is still running: the adapter is ready
+        before it ends (DiscordAdapter._guilds_arriving), and discord.py's own close leaves it
+        pending, to dispatch ``ready`` into a closed client."""
+        await super().close()
+        waiting = self._connection._ready_task  # discord.py 2.7's _delay_ready task, or None
+        if waiting is not None and not waiting.done():
+            waiting.cancel()
+            await asyncio.wait({waiting})  # (never raises: our own cancellation stays ours)
 
     async def on_ready(self) -> None:
         """Discord's READY and the guilds after it have arrived (again after a re-IDENTIFY)."""

@@ -45,9 +45,7 @@ import logging
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from bothy.clock import Clock, to_us
 from bothy.config import PollerConfig, PollItems
@@ -58,6 +56,9 @@ from bothy.engine.state import StateDB
 from bothy.errors import InboxError, ProcessGroupError
 from bothy.wakes.inbox import Accepted, Delivery, Inbox
 from bothy.wakes.jobs import lookup
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["EVENT", "SOURCE", "PollReport", "Poller"]
 
@@ -230,6 +231,7 @@ class Poller:
     async def _fetch(self, cursor: _Cursor) -> _Body | _NotModified | _Failed:
         if self._cfg.command is not None:
             return await self._run_command(self._cfg.command)
+        import httpx  # loaded by the daemon's client already; kept off every other start-up
         assert self._cfg.url is not None  # config: exactly one of url and command
         headers = self._secret_headers()
         if isinstance(headers, _Failed):
