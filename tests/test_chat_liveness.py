@@ -146,7 +146,7 @@ async def test_a_silent_socket_is_reconnected_and_never_left_open_beside_the_new
     silent = records(site, "chat", "silent")
     assert len(silent) == 1 and silent[0].outcome == "failed"
     assert silent[0].details["platform"] == "slack"
-    assert silent[0].details["silent_s"] > SILENT_AFTER_S
+    assert silent[0].details["silent_s"] >= SILENT_AFTER_S  # (recorded to 0.1 s)
     assert [r.outcome for r in reconnected] == ["ok"]
     assert slack.connections == 2
     assert slack.peak_open_sockets == 1  # the ghost was closed before the new one opened

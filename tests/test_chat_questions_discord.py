@@ -90,7 +90,9 @@ async def test_an_expired_question_is_said_in_its_discord_thread_and_a_late_repl
                                timeout_s=DEADLINE_S)
         question, expiry = _posts_in(discord, thread)
         assert question.startswith("? May I use bothy_checklist")
-        assert question.endswith("\nAnswer yes or no. Reply in this thread.")
+        # An approval carries buttons; a reply in words works beside them (issue 12).
+        assert question.endswith(
+            "\nPress Approve or Decline, or answer yes or no in this thread.")
         assert expiry == "No answer within 2 s — declined; the run goes on."
         await server.wait_for_requests(2)
         await discord.send_message(OPERATOR, thread, "yes")
