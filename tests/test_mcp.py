@@ -60,6 +60,9 @@ class _Site:
             "SLACK_BOT_TOKEN": _SECRET,
         }
         self.groups: dict[str, GroupRecord] = {}
+        # For each server, the servers recorded before it whose groups were still live when
+        # its own group was recorded: lifetimes that overlap, seen from real processes.
+        self.alongside: dict[str, set[str]] = {}
         self.hosts: list[McpHost] = []
         self.recorded: collections.defaultdict[str, asyncio.Event] = collections.defaultdict(
             asyncio.Event
@@ -71,7 +74,12 @@ class _Site:
         return host
 
     async def _record(self, server: str, record: GroupRecord) -> None:
+        recorded = list(self.groups.items())
         self.groups[server] = record
+        self.alongside[server] = {
+            earlier for earlier, seen in recorded
+            if await asyncio.to_thread(live_members, seen.pgid)
+        }
         self.recorded[server].set()
 
     async def live(self, server: str) -> list[int]:
@@ -178,18 +186,14 @@ async def test_a_server_that_hangs_on_start_is_a_problem_and_its_group_is_ended(
     site: _Site,
 ) -> None:
     """No answer to initialize within start_timeout_s: a problem, and the whole group is gone."""
-    loop = asyncio.get_running_loop()
     async with asyncio.timeout(_BOUND_S):
         host = site.host(mail=_fake("hang", start_timeout_s=1.0))
-        started = loop.time()
         problems = await host.start()
-        elapsed_s = loop.time() - started
         result = await host.call("mail", "search", {"query": "x"})
         assert await site.live("mail") == []  # the leader and the child it forked
     assert problems == [
         McpProblem("mail", "MCP server 'mail' did not answer 'initialize' within 1 s")
     ]
-    assert 1.0 <= elapsed_s < 3.0
     assert host.tools() == []
     assert result == ToolResult(
         False,
@@ -199,38 +203,34 @@ async def test_a_server_that_hangs_on_start_is_a_problem_and_its_group_is_ended(
 
 
 async def test_servers_start_concurrently(site: _Site) -> None:
-    """Two servers that hang cost one start timeout, not two; the good one still starts."""
-    loop = asyncio.get_running_loop()
+    """Servers start side by side: a second hung server is started while the first still
+    waits for its answer (not after its timeout), and the good one still starts."""
     async with asyncio.timeout(_BOUND_S):
         host = site.host(
             first=_fake("hang", start_timeout_s=4.0),
             second=_fake("hang", start_timeout_s=4.0),
             mail=_fake(),
         )
-        started = loop.time()
         problems = await host.start()
-        elapsed_s = loop.time() - started
     assert [problem.server for problem in problems] == ["first", "second"]
-    # One timeout plus start-up, well short of two timeouts even on a loaded machine.
-    assert elapsed_s < 7.0
+    # Started one after the other, the first hung server's group would be ended (at its
+    # timeout) before the second's was recorded.
+    earlier, later = (server for server in site.groups if server in ("first", "second"))
+    assert earlier in site.alongside[later]
     assert {tool.server for tool in host.tools()} == {"mail"}
 
 
 async def test_a_crash_mid_call_fails_the_call_and_every_later_call_fast(site: _Site) -> None:
     """The server dies mid-call: that call and the next fail at once, and the group is ended."""
-    loop = asyncio.get_running_loop()
-    async with asyncio.timeout(_BOUND_S):
-        host = await _started(site, mail=_fake("crash"))
+    async with asyncio.timeout(_BOUND_S):  # shorter than call_timeout_s: no call waits for it
+        host = await _started(site, mail=_fake("crash", call_timeout_s=60.0))
         crashed = await host.call("mail", "send_message", {"to": "a@example.test", "body": "b"})
-        started = loop.time()
         later = await host.call("mail", "search", {"query": "x"})
-        later_s = loop.time() - started
         await host.stop()
         assert await site.live("mail") == []
     reason = "server 'mail' stopped unexpectedly (exit code 3)"
     assert crashed == ToolResult(False, f"MCP tool 'mail.send_message' is unavailable: {reason}.")
     assert later == ToolResult(False, f"MCP tool 'mail.search' is unavailable: {reason}.")
-    assert later_s < 0.1
     assert host.problems() == [
         McpProblem("mail", "MCP server 'mail' stopped unexpectedly (exit code 3)")
     ]
@@ -240,17 +240,13 @@ async def test_a_crash_mid_call_fails_the_call_and_every_later_call_fast(site: _
 
 async def test_garbage_on_the_wire_fails_the_call_without_a_hang(site: _Site) -> None:
     """A non-JSON line from the server fails the call in flight at once, not at the timeout."""
-    loop = asyncio.get_running_loop()
-    async with asyncio.timeout(_BOUND_S):
-        host = await _started(site, mail=_fake("garbage", call_timeout_s=30.0))
-        started = loop.time()
+    async with asyncio.timeout(_BOUND_S):  # shorter than call_timeout_s: the call cannot wait
+        host = await _started(site, mail=_fake("garbage", call_timeout_s=60.0))
         result = await host.call("mail", "search", {"query": "x"})
-        elapsed_s = loop.time() - started
         await host.stop()
         assert await site.live("mail") == []
     reason = "server 'mail' wrote a line that is not JSON-RPC: 'this is not json-rpc'"
     assert result == ToolResult(False, f"MCP tool 'mail.search' is unavailable: {reason}.")
-    assert elapsed_s < 5.0
     assert [problem.message for problem in host.problems()] == [
         "MCP server 'mail' wrote a line that is not JSON-RPC: 'this is not json-rpc'"
     ]
@@ -260,17 +256,13 @@ async def test_garbage_during_start_is_a_problem_without_waiting_for_the_timeout
     site: _Site,
 ) -> None:
     """A 'server' that prints text instead of speaking MCP is a problem as soon as it does."""
-    loop = asyncio.get_running_loop()
-    async with asyncio.timeout(_BOUND_S):
-        host = site.host(chatty=_python(_CHATTY, start_timeout_s=15.0))
-        started = loop.time()
+    async with asyncio.timeout(_BOUND_S):  # shorter than start_timeout_s: start cannot wait
+        host = site.host(chatty=_python(_CHATTY, start_timeout_s=60.0))
         problems = await host.start()
-        elapsed_s = loop.time() - started
         assert await site.live("chatty") == []
     assert problems == [
         McpProblem("chatty", "MCP server 'chatty' wrote a line that is not JSON-RPC: 'hello'")
     ]
-    assert elapsed_s < 10.0
 
 
 async def test_a_slow_call_times_out_and_the_server_stays_up(site: _Site) -> None:
