@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,3 +96,41 @@ def test_each_package_declares_its_surface(package: str) -> None:
     assert isinstance(surface, list) and surface, f"{package} declares no __all__"
     assert [name for name in surface if _is_private(name)] == []
     assert [name for name in surface if not hasattr(loaded, name)] == []
+
+
+_LAZY_PACKAGES = ["bothy.chat", "bothy.commands", "bothy.engine", "bothy.wakes"]
+
+
+def _init_source(package: str) -> str:
+    return (PACKAGE.parent / package.replace(".", "/") / "__init__.py").read_text()
+
+
+def test_a_lazy_surface_has_one_loader() -> None:
+    """The packages whose surface loads on first use all get it from ``bothy.surface``: none
+    carries its own copy of the loader (``importlib`` in its ``__init__``)."""
+    lazy = [package for package in _packages() if "_SURFACE" in _init_source(package)]
+    assert lazy == _LAZY_PACKAGES
+    assert [package for package in lazy if "importlib" in _init_source(package)] == []
+
+
+@pytest.mark.parametrize("package", _LAZY_PACKAGES)
+def test_a_lazy_surface_loads_only_what_is_used(package: str) -> None:
+    """Importing the package loads none of its modules, using a name loads its module, and a
+    name off the surface is an AttributeError naming the package (in a fresh interpreter)."""
+    script = f"""
+import sys
+import {package} as package
+before = sorted(name for name in sys.modules if name.startswith("{package}."))
+first = package.__all__[0]
+getattr(package, first)
+module = package._SURFACE[first]
+after = sorted(name for name in sys.modules if name.startswith("{package}."))
+try:
+    package.no_such_name
+except AttributeError as exc:
+    print(before, module in after, exc)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.strip() == (
+        f"[] True module '{package}' has no attribute 'no_such_name'")

@@ -7,8 +7,9 @@ neither the other commands nor an event loop.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from bothy.surface import surface_attribute
 
 _SURFACE = {
     "cmd_answer": "bothy.commands.foreground",
@@ -45,7 +46,4 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """Load a command from its module on first use (PEP 562)."""
-    module = _SURFACE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    return surface_attribute(__name__, _SURFACE, name)

@@ -1,14 +1,14 @@
 """The engine: the gates, the worker and its process group, the audit chain (SPEC §11).
 
 The names in ``__all__`` are its surface: what the other packages use, importable from the
-package itself (``from bothy.engine import X``). Each is loaded from its module on first use,
-so importing one module of the package never loads the rest.
+package itself (``from bothy.engine import X``), each loaded on first use (:mod:`bothy.surface`).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from bothy.surface import surface_attribute
 
 _SURFACE = {
     "Alerts": "bothy.engine.alerts",
@@ -76,8 +76,5 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """Load a name of the surface from its module on first use (PEP 562)."""
-    module = _SURFACE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    return surface_attribute(__name__, _SURFACE, name)
 

@@ -6,14 +6,14 @@ schedule fires (``schedule_runner``), and it is made durable in the ``inbox``; t
 (``handlers``), which turns it into a run.
 
 The names in ``__all__`` are its surface: what the other packages use, importable from the
-package itself (``from bothy.wakes import X``). Each is loaded from its module on first use,
-so importing one module of the package never loads the rest.
+package itself (``from bothy.wakes import X``), each loaded on first use (:mod:`bothy.surface`).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from bothy.surface import surface_attribute
 
 _SURFACE = {
     "Dispatcher": "bothy.wakes.dispatcher",
@@ -51,8 +51,5 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """Load a name of the surface from its module on first use (PEP 562)."""
-    module = _SURFACE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    return surface_attribute(__name__, _SURFACE, name)
 
