@@ -356,6 +356,35 @@ async def test_a_body_that_is_not_json_fails_an_items_poll(world: _World) -> Non
     assert fixed.new == 1
 
 
+@pytest.mark.parametrize(("body", "reason"), [
+    pytest.param(b"[" * 100_000, "the body is JSON nested deeper than 100 levels",
+                 id="100000-brackets"),
+    pytest.param(b"[" * 101 + b"]" * 101, "the body is JSON nested deeper than 100 levels",
+                 id="101-levels"),
+    pytest.param(b'[{"id": "\\ud800"}]',
+                 "the body is JSON with a string that is not Unicode (a lone surrogate)",
+                 id="lone-surrogate"),
+])
+async def test_a_body_no_later_step_can_handle_fails_and_polling_goes_on(
+    world: _World, body: bytes, reason: str
+) -> None:
+    """A poll answer nested too deep, or holding a lone surrogate, is a failure audited with
+    its reason, like any malformed answer (never a crash); the next poll works as before."""
+    world.feed.raw_body = body
+    poller = world.poller()
+
+    report = await poller.poll_once()
+    world.feed.raw_body = None
+    world.feed.items = [{"id": 1}]
+    fixed = await poller.poll_once()
+
+    assert (report.failure, report.consecutive_failures) == (reason, 1)
+    [failed] = world.records("poll", "failed")
+    assert failed.details["reason"] == reason
+    assert (fixed.ok, fixed.new) == (True, 1)
+    assert [w.key for w in await world.wakes()] == ["1"]
+
+
 async def test_an_items_path_that_is_not_a_list_fails(world: _World) -> None:
     """A path to anything but a list is a failure naming the path."""
     world.feed.items = {"data": {"alerts": {"id": 1}}}

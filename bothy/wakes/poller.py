@@ -24,8 +24,9 @@ it survives restarts. ``If-None-Match`` and ``If-Modified-Since`` are sent from 
 "nothing new".
 
 A failure (no connection, no answer within ``timeout_s``, a status other than 2xx or 304, a
-body that is too large, or not the JSON list items mode needs, a command that fails, a wake
-that cannot be made durable) is a value, not an exception: it is counted, audited
+body that is too large, or not the JSON list items mode needs — JSON as
+:mod:`bothy.wakes.jsonbody` accepts it, nested no deeper than 100 levels — a command that
+fails, a wake that cannot be made durable) is a value, not an exception: it is counted, audited
 (``poll failed failed``), and the next poll waits ``interval_s × 2^failures``, at most
 ``max_backoff_s``. The ``alert_after_failures``-th failure in a row writes one
 ``alert undelivered failed`` record (no alert route exists yet); the first success after
@@ -56,6 +57,7 @@ from bothy.engine.state import StateDB
 from bothy.errors import InboxError, ProcessGroupError
 from bothy.wakes.inbox import Accepted, Delivery, Inbox
 from bothy.wakes.jobs import lookup
+from bothy.wakes.jsonbody import Unacceptable, parse_body
 
 if TYPE_CHECKING:
     import httpx
@@ -327,10 +329,10 @@ class Poller:
         if not isinstance(rule, PollItems):
             change = seen.changes + 1
             return _New([(f"{change}:{digest}", data)], replace(seen, changes=change))
-        try:
-            document: Any = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            return _Failed(f"the body is not JSON ({exc})")
+        parsed = parse_body(data)
+        if isinstance(parsed, Unacceptable):
+            return _Failed(f"the body {parsed.text}")
+        document = parsed.value
         items = lookup(document, rule.items) if rule.items else document
         if not isinstance(items, list):
             where = f"'{rule.items}'" if rule.items else "the body"

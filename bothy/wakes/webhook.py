@@ -53,7 +53,6 @@ import contextlib
 import enum
 import hashlib
 import hmac
-import json
 import logging
 import re
 from collections.abc import Callable, Mapping
@@ -70,6 +69,7 @@ from bothy.errors import BothyError, InboxError, ListenerError
 from bothy.wakes.httpserver import HttpServer, ReadDeadlines, Rejected
 from bothy.wakes.inbox import Accepted, Delivery, Inbox
 from bothy.wakes.jobs import Ignored, unwanted
+from bothy.wakes.jsonbody import Unacceptable, parse_body
 from bothy.wakes.refusals import Refusal, RefusalLimiter
 
 _UNKNOWN_ROUTE = "-"  # one refusal bucket for every path that names no route
@@ -82,10 +82,6 @@ _SIGNATURE = re.compile(r"sha256=([0-9a-fA-F]{64})")
 _DELIVERY_ID = re.compile(r"[\x21-\x7e]{1,200}")  # visible ASCII: a GUID, or a sender's id
 _EVENT_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 _ACTION_MAX_CHARS = 100
-_MAX_DEPTH = 100  # GitHub's payloads are a handful of levels deep
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
-# How a surrogate can be written in a body json.loads accepts (see _may_be_unacceptable).
-_SURROGATE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]|\x00")
 _CLOSING_STATUSES = frozenset({408, 413})
 # A sender that cannot get its headers out in seconds is not GitHub; the public (Funnel)
 # door, open to anyone, is held to the shorter deadlines.
@@ -463,60 +459,24 @@ def _verify_and_parse(
 
 def _parse(body: bytes) -> dict[str, Any] | Refusal:
     """The body as a JSON object every later step can handle, or why it is not one."""
-    try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return Refusal(400, "body is not JSON (is the webhook's content type"
-                       " application/json?)", "body is not JSON")
-    except RecursionError:  # the decoder gives up near 1,000 levels
-        return _too_deep()
-    if not isinstance(payload, dict):
-        return Refusal(400, f"body is JSON but not an object ({type(payload).__name__})",
+    parsed = parse_body(body)
+    if isinstance(parsed, Unacceptable):
+        return _unacceptable(parsed)
+    if not isinstance(parsed.value, dict):
+        return Refusal(400, f"body is JSON but not an object ({type(parsed.value).__name__})",
                        "body is not a JSON object")
-    if not _may_be_unacceptable(body):
-        return payload
-    return _acceptable(payload)
+    return parsed.value
 
 
-def _may_be_unacceptable(body: bytes) -> bool:
-    """Whether the walk below could refuse this body, judged from its bytes (the walk costs
-    more than the rest of a delivery's intake). Nesting past ``_MAX_DEPTH`` needs more than
-    that many brackets. A lone surrogate reaches the parsed text only as a ``\\uD800``-style
-    escape or, since ``json.loads`` decodes bytes with ``surrogatepass``, as its three UTF-8
-    style bytes (``ED A0..BF ..``) or in a UTF-16/32 body (which holds NUL bytes, as JSON in
-    UTF-8 never does). Over-estimates all: when one may be there, the walk decides."""
-    return (body.count(b"{") + body.count(b"[") > _MAX_DEPTH
-            or _SURROGATE_BYTES.search(body) is not None)
-
-
-def _acceptable(payload: dict[str, Any]) -> dict[str, Any] | Refusal:
-    """Walk the object (without recursion): no deeper than ``_MAX_DEPTH``, and no string a
-    UTF-8 encoder would refuse later (a lone surrogate escaped as ``\\ud800``)."""
-    stack: list[tuple[Any, int]] = [(payload, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, dict | list) and depth > _MAX_DEPTH:
-            return _too_deep()
-        if isinstance(value, dict):
-            for key, item in value.items():
-                if _SURROGATE.search(key):
-                    return _not_unicode()
-                stack.append((item, depth + 1))
-        elif isinstance(value, list):
-            stack.extend((item, depth + 1) for item in value)
-        elif isinstance(value, str) and _SURROGATE.search(value):
-            return _not_unicode()
-    return payload
-
-
-def _too_deep() -> Refusal:
-    return Refusal(400, f"body is JSON nested deeper than {_MAX_DEPTH} levels",
-                   "body nested too deep")
-
-
-def _not_unicode() -> Refusal:
-    return Refusal(400, "body is JSON with a string that is not Unicode (a lone surrogate)",
-                   "body is not valid JSON text")
+def _unacceptable(problem: Unacceptable) -> Refusal:
+    match problem.kind:
+        case "not json":
+            return Refusal(400, "body is not JSON (is the webhook's content type"
+                           " application/json?)", "body is not JSON")
+        case "too deep":
+            return Refusal(400, f"body {problem.text}", "body nested too deep")
+        case "not unicode":
+            return Refusal(400, f"body {problem.text}", "body is not valid JSON text")
 
 
 def _action(payload: Mapping[str, Any]) -> str | None:
