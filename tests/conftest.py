@@ -16,7 +16,7 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import pytest
 from bothy.engine.rpc import RECORD_ENV
 from tests.codex_schema import CodexSchema, generate_schema
 from tests.fakes.codex import REPO_ROOT, codex_binary
+from tests.fakes.model_server import ModelServer
 
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex
@@ -134,3 +135,11 @@ async def discord_network(tmp_path_factory: pytest.TempPathFactory,
         yield network
     finally:
         await opened.__aexit__(None, None, None)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[ModelServer]:
+    """The scripted model server (a test scripts its answers with ``server.script``)."""
+    async with ModelServer() as running:
+        yield running
+

@@ -7,7 +7,6 @@ reason, where namespaces cannot be made (not root).
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +25,6 @@ OPERATOR = ALICE_ID
 STRANGER = BOB_ID
 WHEN = r"[0-9]{2}:[0-9]{2}:[0-9]{2} UTC"
 WAIT_S = 30.0
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[ModelServer]:
-    async with ModelServer() as running:
-        yield running
 
 
 async def _site(root: Path, server: ModelServer, network: DiscordNetwork) -> Site:

@@ -9,7 +9,6 @@ the message is replaced by who decided and when, or that the question expired or
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 
 from tests.fakes.model_server import ModelServer, text, tool_call
 from tests.fakes.shell import Shell, audit_records, until
-from tests.fakes.site import Site
+from tests.fakes.site import Site, without_proxies
 from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack, Post
 from tests.test_serve import free_port, start_serve
 
@@ -36,17 +35,9 @@ WHEN = r"[0-9]{2}:[0-9]{2}:[0-9]{2} UTC"
 @pytest.fixture(autouse=True)
 def _environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tokens for `bothy serve`; no proxy may hijack loopback (chat-testing.md, pitfall 1)."""
-    for name in list(os.environ):
-        if name.lower().endswith("_proxy"):
-            monkeypatch.delenv(name)
+    without_proxies(monkeypatch)
     monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
     monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[ModelServer]:
-    async with ModelServer() as running:
-        yield running
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ anywhere. Skipped, with the reason, where namespaces cannot be made (not root).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -25,12 +24,6 @@ pytestmark = [pytest.mark.codex, pytest.mark.timeout(90)]
 
 OPERATOR = ALICE_ID
 SEEN = "\N{EYES}"
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[ModelServer]:
-    async with ModelServer() as running:
-        yield running
 
 
 async def discord_site(root: Path, server: ModelServer, network: DiscordNetwork) -> Site:

@@ -12,7 +12,6 @@ fails is audited (`chat reconnect-failed`) and alerted, and tried again.
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -24,7 +23,7 @@ from tests.fakes.discord import ALERT_CHANNEL_ID, ALICE_ID, CHANNEL_ID
 from tests.fakes.model_server import ModelServer, text
 from tests.fakes.netns import DiscordNetwork
 from tests.fakes.shell import Shell, audit_records, until
-from tests.fakes.site import Site
+from tests.fakes.site import Site, without_proxies
 from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
 from tests.test_serve import free_port, start_serve
 
@@ -39,17 +38,9 @@ SILENT_AFTER_S = 3.0  # well above a ping round trip on a loaded 2-core machine
 @pytest.fixture(autouse=True)
 def _environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tokens for `bothy serve`; no proxy may hijack loopback (chat-testing.md, pitfall 1)."""
-    for name in list(os.environ):
-        if name.lower().endswith("_proxy"):
-            monkeypatch.delenv(name)
+    without_proxies(monkeypatch)
     monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
     monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[ModelServer]:
-    async with ModelServer() as running:
-        yield running
 
 
 @pytest.fixture

@@ -51,12 +51,6 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[ModelServer]:
-    async with ModelServer() as running:
-        yield running
-
-
-@pytest.fixture
 async def discord(certificates: Certificates) -> AsyncIterator[FakeDiscord]:
     async with FakeDiscord(certificates) as fake:
         yield fake

@@ -6,7 +6,6 @@ thread, asked questions there, and answered by allowed accounts only.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import pytest
 
 from tests.fakes.model_server import ModelServer, stall, text, tool_call
 from tests.fakes.shell import Shell, audit_records, until
-from tests.fakes.site import Site
+from tests.fakes.site import Site, without_proxies
 from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
 from tests.test_serve import free_port, start_serve
 
@@ -29,17 +28,9 @@ CHANNEL = "CWORK"
 @pytest.fixture(autouse=True)
 def _environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tokens for `bothy serve`; no proxy may hijack loopback (chat-testing.md, pitfall 1)."""
-    for name in list(os.environ):
-        if name.lower().endswith("_proxy"):
-            monkeypatch.delenv(name)
+    without_proxies(monkeypatch)
     monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
     monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[ModelServer]:
-    async with ModelServer() as running:
-        yield running
 
 
 @pytest.fixture

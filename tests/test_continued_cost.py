@@ -7,7 +7,6 @@ limit and its reservation count only the tokens of this run's own turns.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from bothy.engine.prices import TokenUsage
 from bothy.engine.tokenmeter import TokenMeter
 from tests.fakes.model_server import ModelServer, Usage, text, tool_call
 from tests.fakes.shell import Shell, audit_records, until
-from tests.fakes.site import Site
+from tests.fakes.site import Site, without_proxies
 from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
 from tests.test_serve import free_port, start_serve
 
@@ -45,9 +44,7 @@ async def test_a_continued_conversation_pays_and_counts_only_its_own_tokens(
     answer) finishes at its own cost and tokens, not the thread's; the token limit and the
     reservation that the two runs together pass but the second alone does not stop nothing;
     `bothy status` spend is the sum of the runs' costs."""
-    for name in list(os.environ):
-        if name.lower().endswith("_proxy"):
-            monkeypatch.delenv(name)
+    without_proxies(monkeypatch)
     monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
     monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
     async with ModelServer() as server, FakeSlack(ack_timeout_s=5.0) as slack:

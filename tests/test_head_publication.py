@@ -8,7 +8,6 @@ through a real `bothy serve` with the real slack-bolt against the fake Slack.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -21,7 +20,7 @@ from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog, AuditRecord
 from bothy.engine.headpublisher import HeadPublisher
 from tests.fakes.shell import Shell, audit_records, until
-from tests.fakes.site import Site
+from tests.fakes.site import Site, without_proxies
 from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
 from tests.test_serve import free_port, start_serve
 
@@ -176,9 +175,7 @@ async def test_serve_posts_the_head_to_the_alert_channel_as_audit_head_prints_it
     """A day after the last published head, `bothy serve` records the head and posts it in
     the alert channel; the register cut back to the posted seq gives that same `bothy audit
     head`, and the whole register still verifies."""
-    for name in list(os.environ):
-        if name.lower().endswith("_proxy"):
-            monkeypatch.delenv(name)
+    without_proxies(monkeypatch)
     monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
     monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
     site = Site(tmp_path, "http://127.0.0.1:9/v1", listen={"tailnet_port": free_port()},

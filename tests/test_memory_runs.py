@@ -6,7 +6,6 @@ under ``$BOTHY_HOME`` are asserted.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,7 +19,7 @@ from bothy.memory import MemoryStore, SiteMemory
 from tests.fakes import github
 from tests.fakes.model_server import ModelServer, text, tool_call
 from tests.fakes.shell import Shell, audit_records, until
-from tests.fakes.site import Site
+from tests.fakes.site import Site, without_proxies
 from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
 from tests.test_memory import GITHUB_TOKEN
 from tests.test_profiles import completed, told
@@ -383,9 +382,7 @@ async def test_a_slack_mention_writes_memory_and_a_later_mention_recalls_it(
 ) -> None:
     """Through `bothy serve` and slack-bolt: one mention stores a fact about a person, a later
     mention in a new thread has it in its prompt and answers with it."""
-    for name in list(os.environ):
-        if name.lower().endswith("_proxy"):
-            monkeypatch.delenv(name)
+    without_proxies(monkeypatch)
     monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
     monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
     async with FakeSlack(ack_timeout_s=5.0) as slack:

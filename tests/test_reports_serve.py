@@ -11,7 +11,6 @@ with the run unaffected; a heartbeat's preflight keeps a quiet site from waking 
 from __future__ import annotations
 
 import hashlib
-import os
 import sqlite3
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -24,7 +23,7 @@ from bothy.clock import to_us
 from tests.fakes import github
 from tests.fakes.model_server import ModelServer, stall, text, tool_call
 from tests.fakes.shell import Shell, until
-from tests.fakes.site import Site
+from tests.fakes.site import Site, without_proxies
 from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack, Post
 from tests.test_serve import SECRET, free_port, queued, records, start_serve
 
@@ -39,18 +38,10 @@ SITE = "test-site"
 @pytest.fixture(autouse=True)
 def _environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tokens and the route's secret for `bothy serve`; no proxy may hijack loopback."""
-    for name in list(os.environ):
-        if name.lower().endswith("_proxy"):
-            monkeypatch.delenv(name)
+    without_proxies(monkeypatch)
     monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
     monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
     monkeypatch.setenv("GH_SECRET", SECRET)
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[ModelServer]:
-    async with ModelServer() as running:
-        yield running
 
 
 @pytest.fixture

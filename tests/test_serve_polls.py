@@ -18,12 +18,6 @@ pytestmark = pytest.mark.codex
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[ModelServer]:
-    async with ModelServer() as running:
-        yield running
-
-
-@pytest.fixture
 async def feed() -> AsyncIterator[FeedServer]:
     async with FeedServer() as serving:
         yield serving

@@ -11,7 +11,6 @@ nobody can speak before the restart: the waiting mention hears only its answer.
 
 from __future__ import annotations
 
-import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 
 from tests.fakes.model_server import ModelServer, stall, text
 from tests.fakes.shell import DEADLINE_S, Shell, audit_records, until
-from tests.fakes.site import Site
+from tests.fakes.site import Site, without_proxies
 from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
 from tests.test_chat_serve import CHANNEL, OPERATOR, _posts_in, _site
 from tests.test_serve import accepting, records, start_serve
@@ -31,17 +30,9 @@ pytestmark = pytest.mark.codex
 @pytest.fixture(autouse=True)
 def _environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tokens for `bothy serve`; no proxy may hijack loopback (chat-testing.md, pitfall 1)."""
-    for name in list(os.environ):
-        if name.lower().endswith("_proxy"):
-            monkeypatch.delenv(name)
+    without_proxies(monkeypatch)
     monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
     monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[ModelServer]:
-    async with ModelServer() as running:
-        yield running
 
 
 @pytest.fixture

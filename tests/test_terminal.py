@@ -6,7 +6,6 @@ import asyncio
 import os
 import pty
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -15,12 +14,6 @@ from tests.fakes.model_server import ModelServer, text
 from tests.fakes.site import Site
 
 pytestmark = pytest.mark.codex
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[ModelServer]:
-    async with ModelServer() as running:
-        yield running
 
 
 def _read_all(fd: int) -> bytes:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -18,12 +17,6 @@ from tests.fakes.model_server import ModelServer, text
 from tests.fakes.site import Site
 
 pytestmark = pytest.mark.codex
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[ModelServer]:
-    async with ModelServer() as running:
-        yield running
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.fakes.codex import PROVIDER_ENV, codex_binary, provider_config
 
 FAKE_PRICE = {
@@ -117,3 +119,10 @@ def _deep_update(target: dict[str, Any], extra: dict[str, Any]) -> None:
             _deep_update(target[key], value)
         else:
             target[key] = value
+
+
+def without_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No proxy variable may send loopback traffic elsewhere (chat-testing.md, pitfall 1)."""
+    for name in list(os.environ):
+        if name.lower().endswith("_proxy"):
+            monkeypatch.delenv(name)
