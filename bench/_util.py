@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import shutil
 import statistics
+import sys
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -14,6 +19,21 @@ def scratch(prefix: str) -> Path:
     root = REPO / ".bench"
     root.mkdir(exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+
+
+def run_against_fakes(prefix: str, bench: Callable[[Path], Awaitable[None]]) -> None:
+    """Run ``bench`` in a fresh scratch directory, with the tests' fakes importable and no
+    proxy variable in the environment (a proxy would take loopback traffic elsewhere:
+    chat-testing.md, pitfall 1); the directory is removed and the variables restored after."""
+    sys.path.insert(0, str(REPO))
+    root = scratch(prefix)
+    saved = {name: os.environ.pop(name) for name in list(os.environ)
+             if name.lower().endswith("_proxy")}
+    try:
+        asyncio.run(bench(root))
+    finally:
+        os.environ.update(saved)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def figure(label: str, value: float, unit: str, target: float, *, higher_is_better: bool) -> None:

@@ -27,8 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
-import shutil
 import signal
 import socket
 import sys
@@ -38,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench._util import REPO, figure, median, percentile, scratch
+from bench._util import REPO, figure, median, percentile, run_against_fakes
 
 MENTIONS = 20
 IDLE_S = 2.0
@@ -123,15 +121,7 @@ class _Started:
 
 def main() -> None:
     """Measure (a) `bothy serve` with Slack and (b) the daemon with Slack and Discord."""
-    sys.path.insert(0, str(REPO))
-    root = scratch("chat-")
-    saved = {name: os.environ.pop(name) for name in list(os.environ)
-             if name.lower().endswith("_proxy")}  # chat-testing.md pitfall 1
-    try:
-        asyncio.run(_bench(root))
-    finally:
-        os.environ.update(saved)
-        shutil.rmtree(root, ignore_errors=True)
+    run_against_fakes("chat-", _bench)
 
 
 async def _bench(root: Path) -> None:

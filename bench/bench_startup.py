@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import shutil
 import signal
 import socket
 import sys
@@ -32,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench._util import REPO, figure, median, scratch
+from bench._util import REPO, figure, median, run_against_fakes
 
 STARTS = 5
 IDLE_S = 2.0
@@ -46,15 +44,7 @@ DISCORD_OPERATOR = "1100000000000000002"  # tests/fakes/discord.py ALICE_ID
 
 def main() -> None:
     """Measure (a) serve with Slack, (b) serve with Slack and Discord, and (b)'s idle RSS."""
-    sys.path.insert(0, str(REPO))
-    root = scratch("startup-")
-    saved = {name: os.environ.pop(name) for name in list(os.environ)
-             if name.lower().endswith("_proxy")}  # chat-testing.md pitfall 1
-    try:
-        asyncio.run(_bench(root))
-    finally:
-        os.environ.update(saved)
-        shutil.rmtree(root, ignore_errors=True)
+    run_against_fakes("startup-", _bench)
 
 
 async def _bench(root: Path) -> None:
