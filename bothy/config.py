@@ -23,6 +23,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -126,7 +127,7 @@ _SECRET_VALUE = re.compile(
 _SECRET_INLINE = "secret_inline"  # an error whose input must never be echoed
 
 
-def _no_inline_secret(config: dict[str, Any]) -> dict[str, Any]:
+def _no_inline_secret(config: dict[str, Any], where: str = "codex.config") -> dict[str, Any]:
     """Refuse ``codex.config`` holding what looks like a secret: it would ride on the worker's
     command line as ``-c key=value``, readable by anyone running ``ps``."""
     stack: list[tuple[str, Any, bool]] = [(key, value, False) for key, value in config.items()]
@@ -140,7 +141,7 @@ def _no_inline_secret(config: dict[str, Any]) -> dict[str, Any]:
             stack += [(f"{dotted}[{index}]", item, names) for index, item in enumerate(value)]
         elif isinstance(value, str) and value and _looks_secret(leaf, value, names):
             raise PydanticCustomError(_SECRET_INLINE, (
-                f"codex.config.{dotted} holds what looks like a secret, which would ride on "
+                f"{where}.{dotted} holds what looks like a secret, which would ride on "
                 "the worker's command line (visible in ps): remove it and pass it through the "
                 "environment (list the variable in codex.env; a provider reads it by env_key) "
                 "or a file only you can read (mode 0600)"))
@@ -162,6 +163,7 @@ class CodexConfig(_Section):
     config: Annotated[dict[str, Any], AfterValidator(_no_inline_secret)] = Field(
         default_factory=dict)
     env: EnvNames = Field(default_factory=list)
+    spare: StrictBool = True  # bothy serve keeps one app-server started ahead (engine/spare.py)
 
 
 class CairnConfig(_Section):
@@ -253,6 +255,10 @@ class ProfileConfig(_Section):
     allow_from_untrusted: bool = False
     cairn_brief: bool = True  # a run with --ref reads its task's brief from Cairn first
     memory: Annotated[MemoryConfig | None, BeforeValidator(_memory_shape)] = None
+    # Codex config keys for this profile's runs, over codex.config: such a run starts its own
+    # app-server (the spare has the site's); no secret inline, as in codex.config.
+    codex_config: Annotated[dict[str, Any], AfterValidator(
+        lambda config: _no_inline_secret(config, "codex_config"))] = Field(default_factory=dict)
 
     @field_validator("skills")
     @classmethod

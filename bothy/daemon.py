@@ -52,6 +52,7 @@ from bothy.wakes.webhook import WebhookListener
 if TYPE_CHECKING:
     import httpx
 
+    from bothy.engine.spare import Spare
     from bothy.wakes.poller import Poller
     from bothy.web import StatusSite
 
@@ -124,6 +125,8 @@ class Daemon:
             clock=rt.clock, on_enqueued=dispatcher.poke,
         )
         missed = await schedules.start()  # queued now, taken once the dispatcher runs below
+        # Started last, once ready (not to slow the start), and ended first (engine/spare.py).
+        spare = supervisor.keep_spare() if self._cfg.codex.spare else None
         with recording_stop_signals(self._stop, self._hurry):
             await rt.audit.record("serve", "ready", "ok", details={
                 "ports": self.ports, "orphans_ended": len(recovered),
@@ -131,7 +134,14 @@ class Daemon:
                 "wakes_already_run": wakes.already_run, "schedules": len(schedules.next_fires()),
                 "missed_fires_queued": missed, "chat": self.chat_state,
             })
-            await self._until_stopped(rt, inbox, dispatcher, listeners, chat, schedules)
+            try:
+                if spare is not None:
+                    spare.start()
+                await self._until_stopped(rt, inbox, dispatcher, listeners, chat, schedules,
+                                          spare)
+            finally:
+                if spare is not None:
+                    await asyncio.shield(spare.close())
             await asyncio.to_thread(self._publish, None)
             await rt.audit.record("serve", "stopped", "ok", details={"pid": os.getpid()})
         self.state = State.EXITED
@@ -140,6 +150,7 @@ class Daemon:
     async def _until_stopped(
         self, rt: Runtime, inbox: Inbox, dispatcher: Dispatcher,
         listeners: list[WebhookListener], chat: _Chat | None, schedules: ScheduleRunner,
+        spare: Spare | None,
     ) -> None:
         """Ready until a stop is asked; then stop in reverse start-up order."""
         self.state = State.READY
@@ -172,6 +183,8 @@ class Daemon:
             group.create_task(heads.run(polls_stop), name="audit-head")
             await self._stop.wait()
             self.state = State.DRAINING
+            if spare is not None:
+                await spare.close()
             for listener in listeners:
                 await listener.stop()
             if self._web is not None:

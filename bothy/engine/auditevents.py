@@ -55,6 +55,9 @@ EVENTS = EventTable({
             "verified", "verification-failed", "question"),
     "turn": ("started",),
     "worker": ("stopped",),
+    # The app-server bothy serve starts ahead of the next run (engine/spare.py): ready, ended
+    # without a run (stop, death, a changed CODEX_HOME, a failed start), ended by a later Bothy.
+    "spare": ("started", "ended", "recovered"),
     "budget": ("settled",),
     "plan": ("window",),  # budget mode plan, no rate-limit window known yet
     # Tools and the people asked about them.

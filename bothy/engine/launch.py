@@ -64,12 +64,15 @@ class Launch:
     codex_home: Path
 
 
-def build_launch(cfg: CodexConfig, environ: Mapping[str, str] | None = None) -> Launch:
-    """Resolve the command and build the worker's argv and environment."""
+def build_launch(cfg: CodexConfig, environ: Mapping[str, str] | None = None, *,
+                 profile_config: Mapping[str, Any] | None = None) -> Launch:
+    """Resolve the command and build the worker's argv and environment; ``profile_config``
+    (a profile's ``codex_config``) is merged over ``codex.config``."""
     env_in = os.environ if environ is None else environ
     executable = resolve_executable(cfg.command[0], env_in.get("PATH", os.defpath), cfg.command)
-    overrides = config_overrides(_merge(_merge(_BASELINE_OVERRIDES, cfg.config),
-                                        _shell_policy(cfg)))
+    chosen = _merge(cfg.config, profile_config or {})
+    overrides = config_overrides(_merge(_merge(_BASELINE_OVERRIDES, chosen),
+                                        _shell_policy(cfg, chosen)))
     if cfg.model is not None:
         overrides += ["-c", f"model={_toml_value(cfg.model)}"]
     codex_home = cfg.home or Path(env_in.get("CODEX_HOME") or Path.home() / ".codex")
@@ -80,9 +83,9 @@ def build_launch(cfg: CodexConfig, environ: Mapping[str, str] | None = None) -> 
     return Launch([str(executable), *cfg.command[1:], *overrides], env, codex_home)
 
 
-def _shell_policy(cfg: CodexConfig) -> dict[str, Any]:
+def _shell_policy(cfg: CodexConfig, chosen: Mapping[str, Any]) -> dict[str, Any]:
     """The ``shell_environment_policy`` keys Bothy insists on, merged over the operator's."""
-    policy = cfg.config.get("shell_environment_policy")
+    policy = chosen.get("shell_environment_policy")
     own = policy if isinstance(policy, Mapping) else {}
     theirs = own.get("exclude")
     excludes = [*(theirs if isinstance(theirs, list) else []), *cfg.env, *SHELL_EXCLUDES]

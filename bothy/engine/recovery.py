@@ -9,6 +9,10 @@ was still queued when its owner died had spent nothing; it is closed and release
 
 Several processes may sweep at once; the ``UPDATE ... WHERE status != 'finished'`` that closes
 a run decides which of them records it.
+
+A spare app-server (``engine/spare.py``) no run took is recorded in the ``spares`` table with
+the ``bothy serve`` that started it as its owner; when that owner is gone, its group is ended
+the same way and the row deleted (``spare recovered``; the ``DELETE`` decides who records it).
 """
 
 from __future__ import annotations
@@ -54,7 +58,27 @@ class Recovery:
             group = await self._end_group(row)
             if await self._close(row, group):
                 recovered.append(Recovered(row.run_id, row.subject, row.status, group))
+        await self._end_spares()
         return recovered
+
+    async def _end_spares(self) -> None:
+        """End the spare app-servers whose ``bothy serve`` died, and record each once."""
+        for spare in await self._db.fetch_all("SELECT * FROM spares"):
+            if spare["owner_start"] is not None and same_process(spare["owner_pid"],
+                                                                 spare["owner_start"]):
+                continue
+            record = GroupRecord(spare["pgid"], spare["leader_pid"], spare["leader_start"])
+            outcome = await end_orphan_group(record, grace_s=self._grace_s)
+            if outcome.survivors:
+                continue  # still recorded: the next sweep tries again
+            async with self._db.transaction():
+                changed = await self._db.execute(
+                    "DELETE FROM spares WHERE pgid = ? AND leader_start = ?",
+                    (record.pgid, record.leader_start))
+            if changed:
+                await self._audit.record("spare", "recovered", "ok", details={
+                    "owner_pid": spare["owner_pid"], "pgid": record.pgid,
+                    "group": outcome.describe()})
 
     async def _end_group(self, row: RunRow) -> str:
         """End the worker's group and every other group the run recorded (MCP servers)."""

@@ -87,6 +87,11 @@ class RpcConnection:
                 await self._reader_task
             self._reader_task = None
 
+    @property
+    def lost(self) -> bool:
+        """Whether the connection has failed (the stream ended, a bad frame, the peer died)."""
+        return self._lost is not None
+
     def peer_exited(self, returncode: int) -> None:
         """The app-server's process is gone: fail now if its output has not ended already.
 

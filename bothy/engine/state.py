@@ -24,7 +24,8 @@ import aiosqlite
 
 from bothy.errors import StateCorruptError, StateError
 
-_SCHEMA_VERSION = 11  # 10: report_to + preflight on schedules; 11: wakes' payload place
+_SCHEMA_VERSION = 12  # 10: report_to + preflight on schedules; 11: wakes' payload place;
+# 12: spare app-servers (engine/spare.py)
 _BUSY_TIMEOUT_MS = 30_000
 
 _SCHEMA = """
@@ -72,6 +73,14 @@ CREATE TABLE IF NOT EXISTS groups (
     leader_start TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS groups_by_run ON groups (run_id);
+CREATE TABLE IF NOT EXISTS spares (
+    pgid         INTEGER PRIMARY KEY,  -- a spare app-server no run has taken yet (schema 12)
+    leader_pid   INTEGER NOT NULL,
+    leader_start TEXT NOT NULL,
+    owner_pid    INTEGER NOT NULL,     -- the bothy serve that started it
+    owner_start  TEXT,
+    started_us   INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS approvals (
     id           INTEGER PRIMARY KEY AUTOINCREMENT,
     tool         TEXT NOT NULL,

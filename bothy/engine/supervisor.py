@@ -21,7 +21,7 @@ from bothy.engine.audit import AuditLog
 from bothy.engine.budget import Admitted, BudgetGate, Refused, Ticket
 from bothy.engine.cairn import Cairn, ref_problem
 from bothy.engine.checklist import Checklist
-from bothy.engine.launch import Launch
+from bothy.engine.launch import Launch, build_launch
 from bothy.engine.plan import budget_gate
 from bothy.engine.pool import Waiting, Withdrawn, WorkerPool
 from bothy.engine.prices import PriceTable
@@ -38,6 +38,7 @@ from bothy.engine.run import (
     new_run_id,
     wake_id_for,
 )
+from bothy.engine.spare import Cold, Spare
 from bothy.engine.state import StateDB
 from bothy.engine.task_link import TaskClaims, TaskLink
 from bothy.engine.tokenmeter import TokenMeter
@@ -89,6 +90,8 @@ class Supervisor:
         self._audit = audit
         self._alerts = alerts
         self._launch = launch
+        self._launches: dict[str, Launch] = {}  # profile -> its own, when it sets codex_config
+        self._spare: Spare | None = None
         self._clock = clock
         self._prices = PriceTable(cfg.budget.prices)
         self.budget: BudgetGate = budget_gate(db, cfg.budget, self._prices, clock=clock)
@@ -101,6 +104,26 @@ class Supervisor:
         self._owner_start = process_start_time(os.getpid())
         # Set by the owner (a signal handler) to stop every run of this process gracefully.
         self.stopping = asyncio.Event()
+
+    def keep_spare(self) -> Spare:
+        """The spare app-server this supervisor's runs take (``bothy serve``): started with
+        the launch and workspace a run without a profile ``codex_config`` uses. The caller
+        starts it and closes it."""
+        self._spare = Spare(self._launch, cwd=self._cfg.workspace, db=self._db,
+                            audit=self._audit, clock=self._clock,
+                            grace_s=self._cfg.limits.stop_grace_s)
+        return self._spare
+
+    def _launch_for(self, request: RunRequest) -> Launch:
+        """How this run's app-server is started: the site's launch, or its profile's own."""
+        profile = self._cfg.profiles.get(request.profile) if request.profile else None
+        if profile is None or not profile.codex_config:
+            return self._launch
+        assert request.profile is not None
+        if request.profile not in self._launches:
+            self._launches[request.profile] = build_launch(
+                self._cfg.codex, profile_config=profile.codex_config)
+        return self._launches[request.profile]
 
     async def recover(self) -> list[Recovered]:
         """At start: end what a dead Bothy left behind, then give back the tasks it held."""
@@ -239,33 +262,43 @@ class Supervisor:
         self, run_id: str, request: RunRequest, admitted: Admitted, progress: Progress,
         asker: Asker, link: TaskLink | None,
     ) -> RunEnd:
-        events: asyncio.Queue[Any] = asyncio.Queue()
-        worker = Worker(self._launch, cwd=self._cfg.workspace, events=events)
         deadline = asyncio.get_running_loop().time() + request.wall_clock_s
         toolbox = self._toolbox(run_id, request, asker, deadline, link)
+        launch = self._launch_for(request)
+        taken = await self._spare.take(launch, self._cfg.workspace) if self._spare else None
+        worker = taken if isinstance(taken, Worker) else Worker(
+            launch, cwd=self._cfg.workspace, events=asyncio.Queue())
         try:
-            record = await worker.start()
+            record = worker.record if worker is taken else await worker.start()
         except (OSError, ProcessGroupError) as exc:
             return RunEnd(Outcome.FAILED, f"the worker could not start: {exc}")
         try:
-            await self._started(run_id, request.subject, record)
+            await self._started(run_id, request.subject, record, launch, taken)
             progress.started(run_id, record.leader_pid)
             await toolbox.start()
-            live = LiveRun(request, worker, events, progress, toolbox, deadline)
+            live = LiveRun(request, worker, worker.events, progress, toolbox, deadline)
             return await self._converse(run_id, live, admitted)
         except AppServerError as exc:
             return RunEnd(Outcome.FAILED, worker.failure(str(exc)))
         finally:
             await self._stop_worker(run_id, request.subject, worker, toolbox)
 
-    async def _started(self, run_id: str, subject: str, record: GroupRecord) -> None:
-        """Attach the worker's group to the run (for recovery, should we die), then say so."""
+    async def _started(self, run_id: str, subject: str, record: GroupRecord, launch: Launch,
+                       taken: Worker | Cold | None) -> None:
+        """Attach the worker's group to the run (for recovery, should we die), then say so;
+        whether it is the spare (its row goes once the run has it), or why not."""
         await self.pool.attach_worker(run_id, record)
-        await self._audit.record(
-            "run", "started", "ok", subject=subject, run_id=run_id,
-            details={"pgid": record.pgid, "leader_pid": record.leader_pid,
-                     "leader_start": record.leader_start, "command": self._launch.argv[0]},
-        )
+        details: dict[str, Any] = {"pgid": record.pgid, "leader_pid": record.leader_pid,
+                                   "leader_start": record.leader_start,
+                                   "command": launch.argv[0]}
+        if taken is not None:
+            details["spare"] = "taken" if isinstance(taken, Worker) else "cold"
+            if isinstance(taken, Cold):
+                details["cold"] = taken.reason
+        await self._audit.record("run", "started", "ok", subject=subject, run_id=run_id,
+                                 details=details)
+        if self._spare is not None:
+            self._spare.run_started(record, taken=isinstance(taken, Worker))
 
     async def _stop_worker(
         self, run_id: str, subject: str, worker: Worker, toolbox: Toolbox
@@ -327,7 +360,8 @@ class Supervisor:
 
     async def _converse(self, run_id: str, live: LiveRun, admitted: Admitted) -> RunEnd:
         request, worker = live.request, live.worker
-        await worker.initialize()
+        if not worker.initialized:  # the spare's was answered before the run took it
+            await worker.initialize()
         profile = self._cfg.profiles.get(request.profile) if request.profile else None
         if request.dream:
             profile = None  # a dream gets neither the profile's skills nor its sandbox
@@ -428,8 +462,10 @@ class Supervisor:
                 "thread_id": thread_id,
                 # The app-server's own start-up, from spawn to its initialize answer.
                 "initialize_ms": round((marks["initialized"] - marks["spawn"]) * 1000, 3),
-                # From spawn to turn/start sent, and when that was (unix seconds).
-                "to_turn_start_ms": round((marks["turn_start_sent"] - marks["spawn"]) * 1000, 3),
+                # From spawn (or, on the spare, from when the run took it) to turn/start sent,
+                # and when that was (unix seconds).
+                "to_turn_start_ms": round(
+                    (marks["turn_start_sent"] - marks.get("taken", marks["spawn"])) * 1000, 3),
                 "turn_start_sent_unix": marks["turn_start_sent_unix"],
             },
         )

@@ -51,12 +51,26 @@ class Worker:
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
         self._stderr_task: asyncio.Task[None] | None = None
         self._exit_task: asyncio.Task[None] | None = None
+        self._initialized = False
+        self.exited = asyncio.Event()  # set once the leader has exited (and been reaped)
         # Monotonic marks of the protocol's first steps, for the trace and the benchmarks.
         self.marks: dict[str, float] = {}
 
     @property
     def record(self) -> GroupRecord:
         return self._running_group().record
+
+    @property
+    def initialized(self) -> bool:
+        """Whether ``initialize`` was answered (a spare's was, before its run took it)."""
+        return self._initialized
+
+    def is_alive(self) -> bool:
+        """Started, its leader not exited, and a live member in its group (one read of the
+        process table while the leader lives)."""
+        group = self._group
+        return (group is not None and group.process.returncode is None
+                and not self._connection().lost and group.is_alive())
 
     async def start(self) -> GroupRecord:
         """Spawn the app-server in a new session (its own process group)."""
@@ -90,6 +104,7 @@ class Worker:
         )
         self.marks["initialized"] = time.monotonic()
         await self._connection().notify("initialized")
+        self._initialized = True
         return result if isinstance(result, dict) else {}
 
     async def start_thread(
@@ -229,6 +244,7 @@ class Worker:
         # is no event for that (``process.wait()`` also waits for the pipes to close).
         while process.returncode is None:  # noqa: ASYNC110
             await asyncio.sleep(_EXIT_POLL_S)
+        self.exited.set()
         await asyncio.sleep(_EXIT_DRAIN_S)
         rpc.peer_exited(process.returncode)
 

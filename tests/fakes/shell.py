@@ -172,7 +172,7 @@ class Shell:
 
 
 def recorded_groups(home: Path) -> list[GroupRecord]:
-    """Every worker group the site's state database knows of (blocking)."""
+    """Every worker group the site's state database knows of, spares too (blocking)."""
     path = home / "state" / "bothy.sqlite3"
     if not path.exists():
         return []
@@ -181,6 +181,8 @@ def recorded_groups(home: Path) -> list[GroupRecord]:
         rows = db.execute(
             "SELECT pgid, leader_pid, leader_start FROM runs WHERE pgid IS NOT NULL"
         ).fetchall()
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'spares'").fetchone():
+            rows += db.execute("SELECT pgid, leader_pid, leader_start FROM spares").fetchall()
     finally:
         db.close()
     return [GroupRecord(pgid, leader, start) for pgid, leader, start in rows]

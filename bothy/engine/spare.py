@@ -1,0 +1,278 @@
+"""The spare: one ``codex app-server`` that ``bothy serve`` starts ahead of the next run.
+
+Starting codex and answering its ``initialize`` is most of what a run costs before the model
+is asked (docs/ARCHITECTURE.md, "The spare"). ``bothy serve`` pays it ahead:
+
+* the spare is started with exactly the launch (argv, environment, ``CODEX_HOME``) and working
+  directory that the site's runs use; a run whose profile sets ``codex_config`` needs another
+  launch and starts its own (cold), and the spare waits for the next run that fits;
+* it is a process group recorded like a run's worker, in the ``spares`` table with this
+  process as its owner, before it is initialized, so that a later Bothy ends it should this
+  one die (``engine/recovery.py``);
+* it is handed to exactly one run: :meth:`Spare.take` forgets it before its first ``await``,
+  so no second run can have it; its row goes once the run has recorded the group as its own
+  (:meth:`Spare.run_started`), and then the next spare is started;
+* it holds no pool slot and no reservation: it is not a run, and asks for nothing;
+* a dead spare is never handed over (its death is noticed and recorded while it waits, and
+  checked again when a run takes it), nor one started before ``CODEX_HOME``'s ``config.toml``
+  or ``auth.json`` changed (codex reads them when it starts): it is ended, the run starts
+  cold, and a new spare is started;
+* a spare that could not start, or died, is replaced only when the next run starts (never in
+  a loop); and it is ended when ``bothy serve`` stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from bothy.clock import Clock, to_us
+from bothy.engine.audit import AuditLog
+from bothy.engine.launch import Launch
+from bothy.engine.procgroup import GroupRecord, process_start_time
+from bothy.engine.state import StateDB
+from bothy.engine.worker import Worker
+from bothy.errors import AppServerError, ProcessGroupError
+
+__all__ = ["CODEX_FILES", "Cold", "Spare", "SpareState"]
+
+CODEX_FILES = ("config.toml", "auth.json")
+"""What codex reads from ``CODEX_HOME`` as it starts: a spare older than a change is stale."""
+
+
+class SpareState(StrEnum):
+    """Where one spare is: starting (spawned, not yet initialized), ready, taken by a run, or
+    ended without one."""
+
+    STARTING = "starting"
+    READY = "ready"
+    TAKEN = "taken"
+    ENDED = "ended"
+
+
+@dataclass(frozen=True)
+class Cold:
+    """Why a run starts its own app-server instead of the spare."""
+
+    reason: str
+
+
+_Files = tuple[tuple[str, tuple[int, int, int] | None], ...]
+
+
+def _codex_files(codex_home: Path) -> _Files:
+    """Identity (inode, size, mtime) of each file codex reads at start; None if absent."""
+    seen: list[tuple[str, tuple[int, int, int] | None]] = []
+    for name in CODEX_FILES:
+        try:
+            stat = (codex_home / name).stat()
+        except OSError:
+            seen.append((name, None))
+        else:
+            seen.append((name, (stat.st_ino, stat.st_size, stat.st_mtime_ns)))
+    return tuple(seen)
+
+
+@dataclass(eq=False)
+class _Held:
+    """One spare: its worker, what CODEX_HOME held when it was started, its tasks."""
+
+    worker: Worker
+    files: _Files
+    state: SpareState = SpareState.STARTING
+    up: asyncio.Task[bool] | None = None  # spawn, record, initialize: True once ready
+    watch: asyncio.Task[None] | None = None  # notices its death while it waits
+    record: GroupRecord | None = None
+
+
+class Spare:
+    """At most one spare app-server, started ahead, for the next run that fits its launch.
+
+    ``start`` starts one in the background (if none is held); ``take`` hands it to a run or
+    says why not; ``run_started`` is told once that run recorded the group as its own; ``close``
+    ends it for good. Every task it starts is its own and ends by ``close``.
+    """
+
+    def __init__(self, launch: Launch, *, cwd: Path, db: StateDB, audit: AuditLog,
+                 clock: Clock, grace_s: float) -> None:
+        self.launch = launch
+        self.cwd = cwd
+        self._db = db
+        self._audit = audit
+        self._clock = clock
+        self._grace_s = grace_s
+        self._held: _Held | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+        self._failure: BaseException | None = None
+        self._owner_start = process_start_time(os.getpid())
+
+    @property
+    def state(self) -> SpareState | None:
+        """The held spare's state; None when none is held."""
+        return self._held.state if self._held is not None else None
+
+    def start(self) -> None:
+        """Start a spare in the background, unless one is held or the spare is closed."""
+        if self._closed or self._held is not None:
+            return
+        worker = Worker(self.launch, cwd=self.cwd, events=asyncio.Queue())
+        held = self._held = _Held(worker, _codex_files(self.launch.codex_home))
+        held.up = self._own(self._bring_up(held))
+
+    async def take(self, launch: Launch, cwd: Path) -> Worker | Cold:
+        """The spare for a run with this launch and cwd, initialized and alive; or why not.
+
+        A spare still starting is waited for (its start is already under way: sooner than a
+        cold one). Whatever is held is no longer held once this is called, unless the launch
+        differs (then the spare stays for the next run that fits).
+        """
+        if launch != self.launch or cwd != self.cwd:
+            return Cold("the run's launch (its profile's codex_config) is not the spare's")
+        held, self._held = self._held, None  # from here on, no other run can have it
+        if held is None:
+            return Cold("bothy is stopping" if self._closed else "no spare was ready")
+        assert held.up is not None
+        try:
+            ready = await asyncio.shield(held.up)
+        except asyncio.CancelledError:
+            self._own(self._end(held, "the run waiting for it was cancelled"))
+            raise
+        if not ready:
+            return Cold("the spare could not start")
+        if held.watch is not None:
+            held.watch.cancel()
+        why = self._unfit(held)
+        if why is not None:
+            self._own(self._end(held, why, failed=held.worker.exited.is_set()))
+            return Cold(why)
+        held.state = SpareState.TAKEN
+        held.worker.marks["taken"] = time.monotonic()
+        return held.worker
+
+    def run_started(self, record: GroupRecord, *, taken: bool) -> None:
+        """A run has recorded its worker's group as its own (``taken``: the spare's): the
+        spare's row goes, then the next spare is started; in the background, off the run's
+        way to its turn."""
+        if taken:
+            self._own(self._forget(record))
+        self.start()
+
+    async def close(self, why: str = "bothy is stopping") -> None:
+        """End the held spare and start no other; wait for what is still being ended."""
+        self._closed = True
+        held, self._held = self._held, None
+        if held is not None:
+            if held.up is not None and not held.up.done():
+                held.up.cancel()  # a start under way is stopped where it is, and recorded
+            self._own(self._end(held, why))
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
+        if self._failure is not None:
+            raise self._failure
+
+    # --- One spare's life ------------------------------------------------------------------
+
+    async def _bring_up(self, held: _Held) -> bool:
+        worker = held.worker
+        try:
+            held.record = await worker.start()
+            await self._remember(held.record)
+            await worker.initialize()
+        except (AppServerError, ProcessGroupError) as exc:
+            self._drop(held)
+            await self._stop(held, worker.failure(f"it could not start: {exc}"), failed=True)
+            return False
+        except BaseException:
+            self._drop(held)
+            await asyncio.shield(self._stop(held, "bothy stopped while it started",
+                                            failed=False))
+            raise
+        held.state = SpareState.READY
+        await self._audit.record("spare", "started", "ok", details={
+            "pgid": held.record.pgid, "leader_pid": held.record.leader_pid,
+            "leader_start": held.record.leader_start, "command": self.launch.argv[0],
+            "initialize_ms": round((worker.marks["initialized"] - worker.marks["spawn"])
+                                   * 1000, 3)})
+        held.watch = self._own(self._watch(held))
+        return True
+
+    async def _watch(self, held: _Held) -> None:
+        """While it waits: a spare that dies is recorded and let go (the next run starts cold,
+        and a new spare with it)."""
+        await held.worker.exited.wait()
+        if self._held is held:
+            self._held = None
+            await self._end(held, "it died while waiting for a run", failed=True)
+
+    def _unfit(self, held: _Held) -> str | None:
+        if held.worker.exited.is_set() or not held.worker.is_alive():
+            return "the spare had died"
+        now = _codex_files(self.launch.codex_home)
+        if now != held.files:
+            changed = " and ".join(name for (name, is_now), (_, was) in
+                                   zip(now, held.files, strict=True) if is_now != was)
+            return f"CODEX_HOME's {changed} changed after the spare started"
+        return None
+
+    async def _end(self, held: _Held, why: str, *, failed: bool = False) -> None:
+        """End a spare no run has: let its start settle (a failed start records itself),
+        then stop its group."""
+        if held.up is not None and not held.up.done():
+            await asyncio.wait({held.up})
+        if held.state is SpareState.ENDED:
+            return
+        if held.watch is not None and held.watch is not asyncio.current_task():
+            held.watch.cancel()
+        await self._stop(held, why, failed=failed)
+
+    async def _stop(self, held: _Held, why: str, *, failed: bool) -> None:
+        held.state = SpareState.ENDED
+        report = await held.worker.stop(grace_s=self._grace_s)
+        survived = report is not None and bool(report.survivors)
+        if held.record is not None and not survived:
+            await self._forget(held.record)  # a survivor stays recorded: recovery tries again
+        await self._audit.record("spare", "ended", "failed" if failed or survived else "ok",
+                                 details={"why": why,
+                                          "pgid": held.record.pgid if held.record else None,
+                                          "how": report.describe() if report else "never started",
+                                          "exit_code": held.worker.exit_code()})
+
+    def _drop(self, held: _Held) -> None:
+        if self._held is held:
+            self._held = None
+
+    # --- Its row, and its tasks ------------------------------------------------------------
+
+    async def _remember(self, record: GroupRecord) -> None:
+        async with self._db.transaction():
+            await self._db.execute(
+                "INSERT OR REPLACE INTO spares (pgid, leader_pid, leader_start, owner_pid,"
+                " owner_start, started_us) VALUES (?, ?, ?, ?, ?, ?)",
+                (record.pgid, record.leader_pid, record.leader_start, os.getpid(),
+                 self._owner_start, to_us(self._clock())))
+
+    async def _forget(self, record: GroupRecord) -> None:
+        async with self._db.transaction():
+            await self._db.execute(
+                "DELETE FROM spares WHERE pgid = ? AND leader_start = ?",
+                (record.pgid, record.leader_start))
+
+    def _own(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.create_task(work, name="spare")
+        self._tasks.add(task)
+        task.add_done_callback(self._settled)
+        return task
+
+    def _settled(self, task: asyncio.Task[Any]) -> None:
+        """A task of the spare's ended: one that failed (a broken register or state
+        database) is raised by :meth:`close`, never dropped unseen."""
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._failure is None:
+            self._failure = task.exception()

@@ -1,0 +1,282 @@
+"""The spare app-server of a real ``bothy serve`` (issue 18): started ahead, handed to one run,
+replaced, never shared, never handed over dead or stale, ended at stop, and ended by the next
+start after a SIGKILL.
+
+The real daemon as a subprocess, the real pinned codex against the scripted model, real
+signed deliveries and a real Slack mention; what is checked is what an operator sees: the
+register (`spare started`, `run started` naming the group it got, `spare ended`, `spare
+recovered`), the state database's `spares` rows, and process groups proven empty by psutil.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from bothy.engine.audit import AuditRecord
+from bothy.engine.procgroup import live_members
+from tests.fakes import github
+from tests.fakes.codex import codex_binary
+from tests.fakes.model_server import ModelServer, text
+from tests.fakes.shell import Shell, audit_records, started_group, until
+from tests.fakes.site import Site, without_proxies
+from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
+from tests.test_serve import Serving, free_port, queued, serve_site, start_serve, until_count
+
+pytestmark = pytest.mark.codex
+
+# A worker command that leaves a member behind in its group when codex itself exits (as codex
+# does on the end of its input, once its bothy is gone): only ending the group ends it.
+_WITH_A_CHILD = 'sleep 600 </dev/null >/dev/null 2>&1 & exec "$0" "$@"'
+
+
+@pytest.fixture(autouse=True)
+def _secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GH_SECRET", "It's a Secret to Everybody")
+
+
+def _spare_records(site: Site, event: str) -> list[AuditRecord]:
+    return audit_records(site, lambda r: (r.kind, r.event) == ("spare", event))
+
+
+async def _spares_started(site: Site, count: int) -> list[AuditRecord]:
+    await until(lambda: len(_spare_records(site, "started")) >= count,
+                f"{count} `spare started` record(s)")
+    return _spare_records(site, "started")
+
+
+def _spare_rows(site: Site) -> list[int]:
+    """The pgids the state database holds as spares no run has taken."""
+    db = sqlite3.connect(f"file:{site.home / 'state' / 'bothy.sqlite3'}?mode=ro", uri=True)
+    try:
+        return [row[0] for row in db.execute("SELECT pgid FROM spares ORDER BY pgid")]
+    finally:
+        db.close()
+
+
+def _started(site: Site, finished: AuditRecord) -> AuditRecord:
+    [started] = audit_records(site, lambda r: r.run_id == finished.run_id
+                              and (r.kind, r.event) == ("run", "started"))
+    return started
+
+
+def _opened(number: int) -> dict[str, Any]:
+    return github.pull_request_opened(number)
+
+
+async def _run_one(serving: Serving, site: Site, number: int) -> AuditRecord:
+    """Deliver one pull request and wait for its run to finish ok; its `run started`."""
+    before = len(audit_records(site, lambda r: (r.kind, r.event) == ("run", "finished")))
+    await queued(serving, _opened(number))
+    finished = await until_count(site, "run", "finished", "ok", before + 1)
+    return _started(site, finished[-1])
+
+
+async def test_each_run_takes_its_own_spare_and_the_stop_ends_the_last(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """Two runs back to back: each runs on the spare that was ready (its `run started` names the
+    spare's group), a new spare follows each hand-off, no group serves two runs, the taken
+    spare's row is gone, and the stop ends the spare left waiting (psutil: nothing alive)."""
+    server.script(text("First."), text("Second."))
+    site = serve_site(tmp_path, server)
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        [first_spare] = await _spares_started(site, 1)
+        first = await _run_one(serving, site, 1)
+        second_spare = (await _spares_started(site, 2))[1]
+        second = await _run_one(serving, site, 2)
+        third_spare = (await _spares_started(site, 3))[2]
+        await until(lambda: _spare_rows(site) == [third_spare.details["pgid"]],
+                    "only the waiting spare recorded")
+        assert await serving.stop() == 0
+
+    assert (first.details["spare"], first.details["pgid"]) == ("taken",
+                                                              first_spare.details["pgid"])
+    assert first.details["leader_start"] == first_spare.details["leader_start"]
+    assert (second.details["spare"], second.details["pgid"]) == ("taken",
+                                                                second_spare.details["pgid"])
+    pgids = [spare.details["pgid"] for spare in (first_spare, second_spare, third_spare)]
+    assert len(set(pgids)) == 3
+    [ended] = _spare_records(site, "ended")
+    assert (ended.outcome, ended.details["pgid"], ended.details["why"]) == (
+        "ok", third_spare.details["pgid"], "bothy is stopping")
+    assert site.audit_lines()[-1].endswith(" serve stopped ok - -")
+    assert _spare_rows(site) == []
+    assert all(live_members(pgid) == [] for pgid in pgids)  # type: ignore[arg-type]
+
+
+async def test_sigkill_of_serve_leaves_no_spare_once_the_next_start_recovers(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """SIGKILL of `bothy serve` with a spare waiting: its group outlives serve (a member that
+    does not read codex's input), the next `bothy serve` ends it and records `spare recovered`,
+    and psutil finds nothing left in the group."""
+    site = serve_site(tmp_path, server, codex={
+        "command": ["/bin/sh", "-c", _WITH_A_CHILD, str(codex_binary()), "app-server"]})
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        [spare] = await _spares_started(site, 1)
+        pgid = int(spare.details["pgid"])  # type: ignore[call-overload]
+        assert len(live_members(pgid)) == 2  # codex and the child it carries
+        serving.command.signal(signal.SIGKILL)
+        await serving.command.finish()
+        assert live_members(pgid) != []  # left behind: only recovery ends it
+        again = await start_serve(shell)
+        [recovered] = _spare_records(site, "recovered")
+        assert live_members(pgid) == []
+        assert recovered.details["pgid"] == pgid
+        assert "ended by SIG" in str(recovered.details["group"])
+        assert (await _spares_started(site, 2))[1].details["pgid"] != pgid
+        assert await again.stop() == 0
+    assert _spare_rows(site) == []
+
+
+async def test_a_profile_with_its_own_codex_config_starts_cold_and_the_spare_waits(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """A job whose profile sets `codex_config` runs on an app-server of its own started with
+    that config (the model is asked with its reasoning effort); the spare is left waiting, and
+    the next plain run takes it."""
+    server.script(text("Thought hard."), text("Plain."))
+    site = serve_site(tmp_path, server, profiles={
+        "careful": {"codex_config": {"model_reasoning_effort": "high"}}})
+    site.config["webhooks"]["github"]["jobs"] = [
+        {"event": "pull_request", "actions": ["opened"], "prompt": "Review #{number}",
+         "subject": "pr:{number}", "profile": "careful"},
+        {"event": "pull_request", "actions": ["closed"], "prompt": "Note #{number}",
+         "subject": "pr:{number}"}]
+    site.write_config(site.config)
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        [spare] = await _spares_started(site, 1)
+        cold = await _run_one(serving, site, 7)
+        await queued(serving, {**_opened(8), "action": "closed"})
+        finished = await until_count(site, "run", "finished", "ok", 2)
+        warm = _started(site, finished[-1])
+        assert await serving.stop() == 0
+
+    assert cold.details["spare"] == "cold"
+    assert "codex_config" in str(cold.details["cold"])
+    assert cold.details["pgid"] != spare.details["pgid"]
+    assert (warm.details["spare"], warm.details["pgid"]) == ("taken", spare.details["pgid"])
+    careful, plain = server.requests
+    assert careful["reasoning"]["effort"] == "high"
+    assert (plain.get("reasoning") or {}).get("effort") != "high"
+
+
+async def test_a_spare_that_died_while_waiting_is_not_handed_to_a_run(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """The spare killed while it waits is recorded `spare ended failed`; the next run starts
+    cold (not on the dead group) and is answered, and a new spare is started after it."""
+    server.script(text("Cold but fine."))
+    site = serve_site(tmp_path, server)
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        [spare] = await _spares_started(site, 1)
+        os.kill(int(spare.details["leader_pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+        await until(lambda: bool(_spare_records(site, "ended")), "the death recorded")
+        run = await _run_one(serving, site, 3)
+        [_, after] = await _spares_started(site, 2)
+        assert await serving.stop() == 0
+
+    [died, stopped] = _spare_records(site, "ended")
+    assert (died.outcome, died.details["pgid"]) == ("failed", spare.details["pgid"])
+    assert died.details["why"] == "it died while waiting for a run"
+    assert died.details["exit_code"] == -signal.SIGKILL
+    assert (run.details["spare"], run.details["cold"]) == ("cold", "no spare was ready")
+    assert run.details["pgid"] not in (spare.details["pgid"], after.details["pgid"])
+    assert stopped.details["pgid"] == after.details["pgid"]
+
+
+async def test_a_spare_started_before_codex_home_changed_is_ended_not_used(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """An `auth.json` written into CODEX_HOME after the spare started (codex reads it as it
+    starts): the run starts cold, the stale spare is ended saying why, a new one follows."""
+    server.script(text("Fresh."))
+    site = serve_site(tmp_path, server)
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        [stale] = await _spares_started(site, 1)
+        (site.codex_home / "auth.json").write_text(json.dumps({"OPENAI_API_KEY": None}))
+        run = await _run_one(serving, site, 5)
+        await _spares_started(site, 2)
+        assert await serving.stop() == 0
+
+    assert run.details["spare"] == "cold"
+    assert run.details["cold"] == "CODEX_HOME's auth.json changed after the spare started"
+    ended = _spare_records(site, "ended")
+    assert (ended[0].details["pgid"], ended[0].outcome, ended[0].details["why"]) == (
+        stale.details["pgid"], "ok", run.details["cold"])
+    assert live_members(int(stale.details["pgid"])) == []  # type: ignore[call-overload]
+
+
+async def test_with_the_spare_off_runs_start_cold_and_nothing_is_started_ahead(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """`codex.spare: false`: no `spare` record, no row, and a run still answers."""
+    server.script(text("Done."))
+    site = serve_site(tmp_path, server, codex={"spare": False})
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        run = await _run_one(serving, site, 4)
+        assert await serving.stop() == 0
+    assert "spare" not in run.details
+    assert [r for r in audit_records(site) if r.kind == "spare"] == []
+    assert _spare_rows(site) == []
+
+
+async def test_a_spare_that_is_not_true_or_false_is_a_configuration_error(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """`codex.spare: "yes"`: `bothy serve` exits 78 naming the key, and starts nothing."""
+    site = serve_site(tmp_path, server, codex={"spare": "yes"})
+    done = await site.bothy("serve")
+    assert done.code == 78, done.stderr
+    assert "codex.spare" in done.stderr and "Traceback" not in done.stderr
+
+
+# --- a Slack mention ---------------------------------------------------------------------
+
+
+@pytest.fixture
+async def slack(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeSlack]:
+    without_proxies(monkeypatch)
+    monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
+    monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
+    async with FakeSlack(ack_timeout_s=5.0) as fake:
+        yield fake
+
+
+async def test_a_mention_is_answered_on_the_spare(
+    server: ModelServer, slack: FakeSlack, tmp_path: Path
+) -> None:
+    """A Slack mention's run takes the spare: the group that answered is the spare's, whose
+    pid was codex's as it waited (psutil), and the answer is in the thread."""
+    server.script(text("On the spare."))
+    site = Site(tmp_path, server.base_url, listen={"tailnet_port": free_port()},
+                chat={"slack": {"api_url": slack.api_url, "allowed_users": ["UOPERATOR"]}})
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        [spare] = await _spares_started(site, 1)
+        waiting = psutil.Process(int(spare.details["leader_pid"]))  # type: ignore[call-overload]
+        assert waiting.name() == "codex"
+        ts = slack.send_mention("UOPERATOR", "CWORK", "are you warm?")
+        await until(lambda: any(p.thread_ts == ts for p in slack.posts), "the answer")
+        finished = await until_count(site, "run", "finished", "ok", 1)
+        assert await serving.stop() == 0
+
+    group = started_group(site, str(finished[0].run_id))
+    assert (group.pgid, group.leader_pid) == (spare.details["pgid"], waiting.pid)
+    assert _started(site, finished[0]).details["spare"] == "taken"
+    assert [p.text for p in slack.posts if p.thread_ts == ts] == ["On the spare."]
