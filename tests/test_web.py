@@ -79,7 +79,8 @@ async def test_no_page_changes_state_and_other_methods_are_refused(
 ) -> None:
     """Only GET and HEAD: POST, PUT, DELETE and PATCH on any page or API path get 405 with
     `Allow: GET, HEAD`, and the register gains nothing from any of it."""
-    site = serve_site(tmp_path, server)
+    # No spare app-server: its `spare started`, a moment after ready, would land in the count.
+    site = serve_site(tmp_path, server, codex={"spare": False})
     async with Shell(site) as shell:
         serving = await start_serve(shell)
         before = len(audit_records(site))
