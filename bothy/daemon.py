@@ -3,7 +3,9 @@
 Start-up, in order: single-instance lock → state → audit → recovery (orphaned worker groups
 ended, wakes that never started queued again, wakes whose run was under way closed) →
 listeners → dispatcher → schedules (a fire missed while down is queued once, then the timers
-start); while ready, the register's head is published once a day (engine/headpublisher.py).
+start); while ready, the register's head is published once a day (engine/headpublisher.py),
+and the inbox forgets what finished over ``wakes.keep_deliveries_days`` ago, hourly
+(wakes/retention.py).
 Shutdown runs in reverse: stop intake (listeners, the schedule timers, then the dispatcher's
 intake) → let in-flight runs finish within ``wakes.shutdown_grace_s`` → ask them to stop (they
 interrupt, settle and reap their groups) → cancel what is left → disconnect chat (last: the
@@ -181,6 +183,8 @@ class Daemon:
             heads = HeadPublisher(rt.audit, rt.alerts, post_heads=self._alerts_routed,
                                   clock=rt.clock)
             group.create_task(heads.run(polls_stop), name="audit-head")
+            keep_s = self._cfg.wakes.keep_deliveries_days * 86_400.0  # what finished, forgotten
+            group.create_task(inbox.keep_pruned(keep_s, polls_stop), name="inbox-prune")
             await self._stop.wait()
             self.state = State.DRAINING
             if spare is not None:

@@ -13,9 +13,10 @@ from bothy.config import parse_config
 from bothy.engine.audit import AuditLog
 from bothy.home import BothyHome
 from bothy.runtime import Runtime
+from bothy.wakes.delivery import Delivery
 from bothy.wakes.dispatcher import Dispatcher
 from bothy.wakes.handlers import unattended
-from bothy.wakes.inbox import Delivery, Inbox
+from bothy.wakes.inbox import Inbox
 from bothy.wakes.reports import Reports
 from bothy.wakes.schedules import ScheduleStore
 from tests.fakes.codex import codex_binary

@@ -19,16 +19,9 @@ from bothy.clock import to_us
 from bothy.engine.audit import AuditLog
 from bothy.engine.state import StateDB
 from bothy.errors import InboxError
+from bothy.wakes.delivery import Delivery, encode_payload_file, payload_name
 from bothy.wakes.history import RunHistory
-from bothy.wakes.inbox import (
-    Accepted,
-    Delivery,
-    Duplicate,
-    Inbox,
-    WakeRow,
-    encode_payload_file,
-    payload_name,
-)
+from bothy.wakes.inbox import Accepted, Duplicate, Inbox, WakeRow
 
 T0 = datetime(2026, 9, 24, 10, 14, 2, 118734, tzinfo=UTC)
 DAY_US = 86_400 * 1_000_000
@@ -366,6 +359,58 @@ async def test_prune_forgets_a_segment_once_every_wake_in_it_is_old_and_finished
     assert isinstance(again, Accepted)  # forgotten: a redelivery now would be new
 
 
+
+
+async def test_finished_wakes_are_pruned_so_the_inbox_stays_bounded_however_long_it_runs(
+    tmp_path: Path, db: StateDB
+) -> None:
+    """Sixty days of deliveries that finish, pruned daily keeping seven days (as `bothy serve`
+    does, hourly): the inbox never holds more than about eight days of segments and rows, and
+    what it holds is the newest."""
+    clock = _Clock()
+    inbox = Inbox(tmp_path / "inbox", db, clock=clock, audit=_audit(tmp_path))
+    held: list[tuple[int, int]] = []
+    for day in range(60):
+        clock.now = T0 + timedelta(days=day)
+        for n in range(10):
+            outcome = await inbox.accept(_delivery(f"d{day}-{n}:h", received_at=clock.now))
+            assert isinstance(outcome, Accepted) and await inbox.claim(outcome.wake_id)
+            await inbox.finish(outcome.wake_id, "done", run_id=None, note=None)
+        await inbox.prune(to_us(clock.now) - 7 * DAY_US)
+        held.append((len(_names(inbox)), len(await _rows(db))))
+
+    assert max(segments for segments, _ in held) <= 9
+    assert max(rows for _, rows in held) <= 9 * 10
+    assert held[-1] == held[30]  # steady, not growing
+    assert min(r.received_us for r in await _rows(db)) >= to_us(T0 + timedelta(days=59 - 8))
+
+
+async def test_a_delivery_refused_503_after_its_wake_ignored_is_recorded_once_when_retried(
+    tmp_path: Path, db: StateDB
+) -> None:
+    """The state database refuses the rows after `wake ignored` was recorded: the sender hears
+    InboxError (503); its retry, in the same process or after a restart that reads the
+    register, gets its row, closed ignored, and no second record."""
+    inbox = Inbox(tmp_path / "inbox", db, clock=_Clock(), audit=_audit(tmp_path))
+    await db.execute("CREATE TRIGGER refuse BEFORE INSERT ON wakes"
+                     " BEGIN SELECT RAISE(ABORT, 'the disk is full'); END")
+    for key in ("same-process:h", "after-restart:h"):
+        with pytest.raises(InboxError, match="the disk is full"):
+            await inbox.accept(_delivery(key), ignored="no job matches")
+    await db.execute("DROP TRIGGER refuse")
+
+    again = await inbox.accept(_delivery("same-process:h"), ignored="no job matches")
+    restarted = Inbox(tmp_path / "inbox", db, clock=_Clock(), audit=_audit(tmp_path))
+    history = RunHistory.from_register(_audit(tmp_path))
+    await restarted.recover(history.ran_as, history.ignored)
+    after = await restarted.accept(_delivery("after-restart:h"), ignored="no job matches")
+
+    assert isinstance(again, Accepted) and again.ignored == "no job matches"
+    assert isinstance(after, Accepted) and after.ignored == "no job matches"
+    assert {r.key: r.status for r in await _rows(db)} == {"same-process:h": "ignored",
+                                                           "after-restart:h": "ignored"}
+    assert sorted(r.details["delivery"] for r in _audit(tmp_path).records()) == [
+        "after-restart:h", "same-process:h"]
 
 
 # -- group commit, ignored at intake, a failing disk -------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -181,3 +182,90 @@ async def test_a_delivery_whose_fsync_fails_is_answered_503_and_never_runs_until
     assert records(site, "wake", "reinserted") == []
     assert [(a.status_code, a.json()["status"]) for a in resent] == [(200, "queued")] * 3
     assert _ran(site) == Counter({_key(d): 1 for d in ("ok-1", *(d for d, _ in failing))})
+
+
+def _state(site: Site) -> contextlib.closing[sqlite3.Connection]:
+    """The state database, opened from outside as an operator's sqlite3 would."""
+    return contextlib.closing(sqlite3.connect(site.home / "state" / "bothy.sqlite3",
+                                              isolation_level=None, timeout=DEADLINE_S))
+
+
+def _segments(site: Site) -> list[str]:
+    return sorted(p.name for p in (site.home / "inbox").glob("wakes-*.seg"))
+
+
+def _push(n: int) -> bytes:
+    return github.encode(github.push(messages=(f"Change {n}",)))
+
+
+@pytest.mark.timeout(120)
+async def test_a_delivery_answered_503_after_its_wake_ignored_is_recorded_once_when_resent(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """The state database refuses the rows after an unwanted delivery's `wake ignored` was
+    recorded: it is answered 503; sent again it is answered 200 ignored, without a second
+    `wake ignored` — in the same `bothy serve`, and after a SIGKILL and a restart (a later
+    delivery's row covering its line, so that only the register says it was recorded)."""
+    site = serve_site(tmp_path, server)
+    refuse = ("CREATE TRIGGER refuse BEFORE INSERT ON wakes"
+              " BEGIN SELECT RAISE(ABORT, 'the disk is full'); END")
+    async with Shell(site) as shell:
+        serving = await _start_serve(shell)
+        async with httpx.AsyncClient(timeout=DEADLINE_S) as client:
+            with _state(site) as db:
+                db.execute(refuse)
+            refused = [await _send(client, serving.port, "push", _push(n), f"again-{n}")
+                       for n in range(2)]
+            with _state(site) as db:
+                db.execute("DROP TRIGGER refuse")
+            resent = await _send(client, serving.port, "push", _push(0), "again-0")
+            later = await _send(client, serving.port, "push", _push(2), "again-2")
+        await serving.command.kill()
+
+        restarted = await _start_serve(shell)
+        async with httpx.AsyncClient(timeout=DEADLINE_S) as client:
+            after = await _send(client, restarted.port, "push", _push(1), "again-1")
+        assert await restarted.stop() == 0
+
+    assert [(a.status_code, a.json()) for a in refused] == [
+        (503, {"error": "not stored; retry later"})] * 2
+    assert [(a.status_code, a.json()["status"]) for a in (resent, later, after)] == [
+        (200, "ignored")] * 3
+    assert _ignored(site) == Counter({_key(f"again-{n}"): 1 for n in range(3)})
+    with _state(site) as db:
+        rows = dict(db.execute("SELECT key, status FROM wakes").fetchall())
+    assert rows == {_key(f"again-{n}"): "ignored" for n in range(3)}
+
+
+@pytest.mark.timeout(120)
+async def test_serve_forgets_finished_deliveries_older_than_the_retention_with_their_segments(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """`bothy serve` prunes the inbox: deliveries finished more than
+    `wakes.keep_deliveries_days` ago are forgotten, rows and segment files, at start-up;
+    newer ones and the segment being written stay; a forgotten one sent again is new."""
+    site = serve_site(tmp_path, server)
+    async with Shell(site) as shell:
+        for attempt in range(2):  # two processes: a segment each
+            serving = await _start_serve(shell)
+            async with httpx.AsyncClient(timeout=DEADLINE_S) as client:
+                for n in range(3):
+                    await _send(client, serving.port, "push", _push(n), f"old-{attempt}-{n}")
+            assert await serving.stop() == 0
+        written = _segments(site)
+        with _state(site) as db:  # eight days pass for the first process's
+            db.execute("UPDATE wakes SET received_us = received_us - ?"
+                       " WHERE key LIKE 'old-0-%'", (8 * 86_400 * 1_000_000,))
+
+        restarted = await _start_serve(shell)
+        await until(lambda: _segments(site) != written, "the old segment pruned")
+        async with httpx.AsyncClient(timeout=DEADLINE_S) as client:
+            again = await _send(client, restarted.port, "push", _push(0), "old-0-0")
+        assert await restarted.stop() == 0
+
+    assert len(written) == 2
+    with _state(site) as db:
+        keys = sorted(key for (key,) in db.execute("SELECT key FROM wakes"))
+    assert keys == sorted([_key("old-0-0"), *(_key(f"old-1-{n}") for n in range(3))])
+    assert _segments(site)[0] == written[1] and len(_segments(site)) == 2
+    assert (again.status_code, again.json()["status"]) == (200, "ignored")  # new, not duplicate

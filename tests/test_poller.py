@@ -23,7 +23,8 @@ from bothy.config import PollerConfig, parse_config
 from bothy.engine.audit import AuditLog, AuditRecord
 from bothy.engine.state import StateDB
 from bothy.errors import ConfigError
-from bothy.wakes.inbox import Delivery, Inbox, WakeRow
+from bothy.wakes.delivery import Delivery
+from bothy.wakes.inbox import Inbox, WakeRow
 from bothy.wakes.poller import Poller, PollReport
 from tests.fakes.feed import FeedServer
 

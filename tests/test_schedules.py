@@ -37,15 +37,8 @@ from bothy.engine.verification import Verification
 from bothy.errors import UsageError
 from bothy.home import BothyHome
 from bothy.runtime import Runtime
-from bothy.wakes.inbox import (
-    Accepted,
-    Delivery,
-    Duplicate,
-    Inbox,
-    WakeRow,
-    decode_payload_file,
-    encode_payload_file,
-)
+from bothy.wakes.delivery import Delivery, decode_payload_file, encode_payload_file
+from bothy.wakes.inbox import Accepted, Duplicate, Inbox, WakeRow
 from bothy.wakes.schedule_runner import ScheduleRunner
 from bothy.wakes.schedules import (
     HEARTBEAT_INSTRUCTION,

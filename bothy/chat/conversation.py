@@ -39,8 +39,9 @@ from bothy.engine.questions import APPROVAL_HINT
 from bothy.engine.run import NO_REPLY, RunRequest, RunResult
 from bothy.engine.state import RunRow, StateDB
 from bothy.errors import ChatError
+from bothy.wakes.delivery import Delivery
 from bothy.wakes.handlers import WakeStart
-from bothy.wakes.inbox import Delivery, WakeRow
+from bothy.wakes.inbox import WakeRow
 from bothy.wakes.jobs import Ignored
 
 SOURCE = "chat"

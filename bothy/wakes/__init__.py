@@ -21,7 +21,7 @@ _SURFACE = {
     "WakeStart": "bothy.wakes.handlers",
     "unattended": "bothy.wakes.handlers",
     "Accepted": "bothy.wakes.inbox",
-    "Delivery": "bothy.wakes.inbox",
+    "Delivery": "bothy.wakes.delivery",
     "Duplicate": "bothy.wakes.inbox",
     "Inbox": "bothy.wakes.inbox",
     "WakeRow": "bothy.wakes.inbox",

@@ -29,9 +29,10 @@ from bothy.engine.state import RunRow, StateDB
 from bothy.engine.supervisor import Supervisor
 from bothy.waits import first_of
 from bothy.wakes import poller, schedules
+from bothy.wakes.delivery import Delivery, wake_details
 from bothy.wakes.handlers import Quiet, WakeHandler, WakeStart
 from bothy.wakes.history import RunHistory
-from bothy.wakes.inbox import Delivery, Inbox, Reinserted, WakeRow, wake_details
+from bothy.wakes.inbox import Inbox, Reinserted, WakeRow
 from bothy.wakes.jobs import Ignored
 
 _IDLE_POLL_S = 1.0  # retries fall due without anyone poking the dispatcher

@@ -37,7 +37,8 @@ from bothy.engine.supervisor import Supervisor
 from bothy.home import BothyHome
 from bothy.money import usd_to_micros
 from bothy.wakes import poller, schedules
-from bothy.wakes.inbox import Delivery, Inbox, WakeRow
+from bothy.wakes.delivery import Delivery
+from bothy.wakes.inbox import Inbox, WakeRow
 from bothy.wakes.jobs import (
     Ignored,
     decode_payload,

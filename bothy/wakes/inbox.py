@@ -40,34 +40,27 @@ attempt failed (answered 503) is queued by the sender's retry.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import contextlib
-import hashlib
-import json
 import logging
-import os
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
-from typing import Any
 
-from bothy.clock import Clock, from_us, to_us
+from bothy.clock import Clock, to_us
 from bothy.engine.audit import AuditLog
 from bothy.engine.state import StateDB
 from bothy.errors import BothyError, InboxError
-from bothy.fsync import fsync_directory
 from bothy.groupcommit import GroupCommit
+from bothy.wakes.delivery import (
+    Delivery,
+    decode_payload_file,
+    delivery_details,
+    encode_payload_file,
+    )
+from bothy.wakes.retention import FINISHED, Retention
 from bothy.wakes.segments import Segments, Span
+from bothy.wakes.unindexed import read_payload_file, unindexed
 
-_FORMAT_VERSION = 1
-_WEBHOOK = "webhook"  # the source of a delivery that names none (files written before sources)
-_SUFFIX = ".json"
-_TEMP_PREFIX = ".tmp-"
-_FINISHED = ("done", "ignored", "abandoned")
-_DELETE_CHUNK = 500  # ids per DELETE statement, well under SQLite's 32,766 variables
 _ROWS_PER_COMMIT = 500  # a group commit's rows; 13 variables each: 6,500 per statement
 _LINGER_S = 0.001  # senders answered by one commit come back within it (see groupcommit)
 # One batch's segment fsync while the one before records what was ignored and commits its
@@ -76,27 +69,6 @@ _LINGER_S = 0.001  # senders answered by one commit come back within it (see gro
 _IN_FLIGHT = 2
 
 _log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """One received delivery, as it is kept on disk and handed to the dispatcher.
-
-    ``key`` is the dedupe key: for GitHub ``X-GitHub-Delivery + ":" + X-GitHub-Hook-ID``
-    (the GUID names the event, shared by every hook it goes to: contracts.md §1.1).
-    ``headers`` have lower-case names. ``body`` is the raw bytes the signature covered.
-    ``source`` says what woke it: ``webhook``, or ``schedule`` (``route`` is then the
-    schedule's name, ``key`` the fire time and ``body`` a JSON snapshot of the schedule).
-    """
-
-    route: str
-    key: str
-    event: str
-    action: str | None
-    headers: dict[str, str]
-    body: bytes
-    received_at: datetime
-    source: str = _WEBHOOK
 
 
 @dataclass(frozen=True)
@@ -175,7 +147,8 @@ class Inbox:
         self._db = db
         self._clock = clock
         self._audit = audit
-        self._segments = Segments(root)
+        self._segments = Segments(root, now_s=lambda: clock().timestamp())
+        self._retention = Retention(root, db, self._segments, clock=clock)
         self._group: GroupCommit[_Taken, Accepted | Duplicate] = GroupCommit(
             self._commit, max_batch=_ROWS_PER_COMMIT, name="inbox-commit",
             linger_s=_LINGER_S, in_flight=_IN_FLIGHT)
@@ -185,6 +158,11 @@ class Inbox:
         self._appending = asyncio.Lock()
         self._recording = asyncio.Lock()
         self._inserting = asyncio.Lock()
+        # Deliveries whose `wake ignored` is in the register but which have no row (their
+        # batch failed after the record, and was answered 503), and what the register showed
+        # ignored at start-up: the sender's retry gets its row, not a second record.
+        self._recorded: set[tuple[str, str, str]] = set()
+        self._ignored_before: Callable[[str, str], bool] = _never
 
     # -- intake ----------------------------------------------------------------------------
 
@@ -246,6 +224,7 @@ class Inbox:
         try:
             if fresh:
                 ids = await self._insert(fresh)
+                self._recorded.difference_update(_ident(t.delivery) for t, _ in fresh)
                 raced = [t.delivery for t, _ in fresh if _ident(t.delivery) not in ids]
                 if raced:  # another connection's row came first: that one counts
                     known |= await self._known(raced)
@@ -275,14 +254,19 @@ class Inbox:
 
     async def _record_ignored(self, ignored: list[_Taken]) -> None:
         """``wake ignored`` for each delivery no job wants, before its row says so: a crash
-        between leaves the record, and recovery closes the wake by it (never twice)."""
-        if not ignored:
+        between leaves the record, and recovery closes the wake by it (never twice). One the
+        register already holds (an earlier attempt failed after it) is not recorded again."""
+        todo = [t for t in ignored if _ident(t.delivery) not in self._recorded
+                and not self._ignored_before(t.delivery.route, t.delivery.key)]
+        if not todo:
             return
         written = await asyncio.gather(
             *(self._audit.record("wake", "ignored", "refused", subject=t.delivery.route,
                                  details={**delivery_details(t.delivery), "reason": t.ignored})
-              for t in ignored),
+              for t in todo),
             return_exceptions=True)
+        self._recorded.update(_ident(t.delivery) for t, outcome in zip(todo, written, strict=True)
+                              if not isinstance(outcome, BaseException))
         for outcome in written:
             if isinstance(outcome, BaseException):
                 raise outcome
@@ -329,11 +313,12 @@ class Inbox:
         it was ignored: such a wake is recorded closed (``done`` with that run, or
         ``ignored``), never queued to run again. Every other one is queued. Run it at
         start-up, before the listeners. A payload that cannot be read back is left where it
-        is, and logged.
+        is, and logged. Intake keeps ``ignored_as`` too: a delivery the register shows ignored
+        (its batch failed after the record, before a crash) is not recorded a second time.
         """
-        found: list[tuple[Delivery, Span | None, str]] = []
-        found += await self._unindexed_lines()
-        found += await self._unindexed_files()
+        if ignored_as is not None:
+            self._ignored_before = ignored_as
+        found = await unindexed(self.root, self._db, self._segments)
         reinserted = []
         for delivery, span, file in found:
             try:
@@ -358,46 +343,6 @@ class Inbox:
                                          delivery.key, file, run_id, ignored))
         return reinserted
 
-    async def _unindexed_lines(self) -> list[tuple[Delivery, Span | None, str]]:
-        """Lines of each segment past the last one a row names (the rows cover a prefix)."""
-        rows = await self._db.fetch_all(
-            "SELECT file, MAX(payload_at + payload_bytes) AS covered FROM wakes"
-            " WHERE payload_at IS NOT NULL GROUP BY file")
-        covered = {row["file"]: int(row["covered"]) for row in rows}
-        try:
-            return await asyncio.to_thread(self._lines_past, covered)
-        except OSError as exc:
-            raise InboxError(f"Cannot read the inbox's segments in {self.root}: {exc}") from exc
-
-    def _lines_past(self, covered: dict[str, int]) -> list[tuple[Delivery, Span | None, str]]:
-        found: list[tuple[Delivery, Span | None, str]] = []
-        for segment in self._segments.names():
-            for span, line in self._segments.lines_after(segment, covered.get(segment, 0)):
-                try:
-                    found.append((decode_payload_file(line), span, segment))
-                except ValueError as exc:
-                    _log.warning("inbox: line at offset %d of %s is damaged (%s); leaving it"
-                                 " for an operator", span.offset, segment, exc)
-        return found
-
-    async def _unindexed_files(self) -> list[tuple[Delivery, Span | None, str]]:
-        """Payload files of an older Bothy (one per delivery) that have no row."""
-        known = {row["file"] for row in await self._db.fetch_all(
-            "SELECT file FROM wakes WHERE payload_at IS NULL")}
-        try:
-            names = await asyncio.to_thread(_payload_names, self.root)
-        except OSError as exc:
-            raise InboxError(f"Cannot list the inbox {self.root}: {exc}") from exc
-        found: list[tuple[Delivery, Span | None, str]] = []
-        for name in names:
-            if name in known:
-                continue
-            try:
-                found.append((await self._read_file(name), None, name))
-            except InboxError as exc:
-                _log.warning("inbox: %s; leaving it for an operator", exc)
-        return found
-
     # -- the dispatcher's side -------------------------------------------------------------
 
     async def due(self, now_us: int, limit: int = 50) -> list[WakeRow]:
@@ -413,7 +358,7 @@ class Inbox:
         """The delivery of ``wake``, read back from its segment (or file); its body byte for
         byte."""
         if wake.payload_at is None or wake.payload_bytes is None:
-            return await self._read_file(wake.file)
+            return await read_payload_file(self.root, wake.file)
         span = Span(wake.file, wake.payload_at, wake.payload_bytes)
         where = f"{self.root / wake.file} at offset {wake.payload_at}"
         try:
@@ -454,8 +399,8 @@ class Inbox:
 
         ``run_id`` None keeps the run already recorded, if any.
         """
-        if status not in _FINISHED:
-            raise ValueError(f"a wake finishes as one of {', '.join(_FINISHED)}, not {status!r}")
+        if status not in FINISHED:
+            raise ValueError(f"a wake finishes as one of {', '.join(FINISHED)}, not {status!r}")
         async with self._db.transaction():
             changed = await self._db.execute(
                 "UPDATE wakes SET status = ?, run_id = COALESCE(?, run_id), note = ?,"
@@ -489,170 +434,32 @@ class Inbox:
         return [WakeRow.from_row(row) for row in rows]
 
     async def prune(self, older_than_us: int) -> int:
-        """Forget finished wakes received before ``older_than_us``, payloads first, then rows.
+        """Forget finished wakes received before ``older_than_us``, with their payloads
+        (:meth:`bothy.wakes.retention.Retention.prune` says what goes); returns how many.
 
-        A segment goes only once every wake in it is finished and old, and never the one this
-        process appends to; lines that never got a row (a failed batch) go with their
-        segment once it is that old. Old files of their own go as before, with temporary files
-        an older Bothy left. Keep at least GitHub's redelivery window (3 days, 7 on GHES:
-        contracts.md §1.5): a delivery forgotten here would be queued again if it were
-        redelivered. Returns how many wakes.
+        Intake waits meanwhile (milliseconds, once an hour from ``bothy serve``): a segment is
+        judged by its rows only once every batch appended to it has its rows.
         """
-        marks = ",".join("?" for _ in _FINISHED)
-        files = await self._db.fetch_all(
-            f"SELECT id, file FROM wakes WHERE payload_at IS NULL AND status IN ({marks})"
-            " AND received_us < ?", (*_FINISHED, older_than_us))
-        segments = await self._db.fetch_all(
-            f"SELECT file, COUNT(*) AS wakes, SUM(status IN ({marks}) AND received_us < ?)"
-            " AS old FROM wakes WHERE payload_at IS NOT NULL GROUP BY file",
-            (*_FINISHED, older_than_us))
-        indexed = {row["file"]: row["wakes"] == row["old"] for row in segments}
-        try:
-            gone = await asyncio.to_thread(self._prune_segments, indexed, older_than_us)
-            await asyncio.to_thread(
-                _remove_payloads, self.root, [row["file"] for row in files], older_than_us)
-        except OSError as exc:
-            raise InboxError(f"Cannot remove old payloads from {self.root}: {exc}") from exc
-        ids = [int(row["id"]) for row in files]
-        async with self._db.transaction():
-            for start in range(0, len(ids), _DELETE_CHUNK):
-                chunk = ids[start:start + _DELETE_CHUNK]
-                await self._db.execute(
-                    f"DELETE FROM wakes WHERE id IN ({','.join('?' for _ in chunk)})",
-                    tuple(chunk),
-                )
-            forgotten = len(ids)
-            for start in range(0, len(gone), _DELETE_CHUNK):
-                names = gone[start:start + _DELETE_CHUNK]
-                forgotten += await self._db.execute(
-                    f"DELETE FROM wakes WHERE file IN ({','.join('?' for _ in names)})"
-                    " AND payload_at IS NOT NULL", tuple(names))
-        return forgotten
+        async with self._appending:  # no batch appends while the segments are judged ...
+            async with self._recording, self._inserting:  # ... and every earlier one is in
+                pass
+            return await self._retention.prune(older_than_us)
 
-    def _prune_segments(self, indexed: dict[str, bool], older_than_us: int) -> list[str]:
-        """Remove the segments that may go; return their names."""
-        gone = [name for name in self._segments.names() if name != self._segments.current
-                and indexed.get(name, self._segments.mtime_us(name) < older_than_us)]
-        self._segments.remove(gone)
-        return gone
-
-    async def _read_file(self, name: str) -> Delivery:
-        try:
-            data = await asyncio.to_thread((self.root / name).read_bytes)
-        except OSError as exc:
-            raise InboxError(f"Cannot read wake payload {self.root / name}: {exc}") from exc
-        try:
-            return decode_payload_file(data)
-        except ValueError as exc:
-            raise InboxError(f"Wake payload {self.root / name} is damaged: {exc}") from exc
-
-
-def delivery_details(delivery: Delivery, *, attempt: int = 1) -> dict[str, Any]:
-    """What a wake's own records (``wake received``, ``wake ignored``) say of its delivery."""
-    return wake_details(delivery.route, delivery.event, delivery.action, delivery.key,
-                        to_us(delivery.received_at), attempt)
-
-
-def wake_details(route: str, event: str, action: str | None, key: str, received_us: int,
-                 attempt: int) -> dict[str, Any]:
-    """The details every record of a wake starts with (the one place that says them)."""
-    return {"route": route, "event": event, "action": action, "delivery": key,
-            "received_at": from_us(received_us).isoformat(), "attempt": attempt}
+    async def keep_pruned(self, keep_s: float, stop: asyncio.Event) -> None:
+        """Prune what finished more than ``keep_s`` ago now, then every hour, until ``stop``
+        (``bothy serve``); a failure is logged and tried again at the next hour."""
+        await self._retention.keep_pruned(self.prune, keep_s, stop)
 
 
 def _ident(delivery: Delivery) -> tuple[str, str, str]:
     return (delivery.source, delivery.route, delivery.key)
 
 
+def _never(route: str, key: str) -> bool:
+    return False
+
+
 def _why(exc: BaseException) -> str:
     if isinstance(exc, OSError):
         return exc.strerror or str(exc)
     return str(exc) or type(exc).__name__
-
-
-# -- the file format -----------------------------------------------------------------------
-
-
-def payload_name(route: str, key: str, source: str = _WEBHOOK) -> str:
-    """The file name of a delivery: the same source, route and key always give the same name.
-
-    A webhook's name hashes only its route and key (as before sources existed), so files
-    already on disk keep their names.
-    """
-    ident = f"{route}\0{key}" if source == _WEBHOOK else f"{source}\0{route}\0{key}"
-    digest = hashlib.sha256(ident.encode()).hexdigest()
-    return digest + _SUFFIX
-
-
-def encode_payload_file(delivery: Delivery) -> bytes:
-    """The payload file: JSON with the body as text if it is UTF-8, else base64."""
-    try:
-        body, encoding = delivery.body.decode("utf-8"), "utf-8"
-    except UnicodeDecodeError:
-        body, encoding = base64.b64encode(delivery.body).decode("ascii"), "base64"
-    document = {
-        "version": _FORMAT_VERSION,
-        "source": delivery.source,
-        "route": delivery.route,
-        "key": delivery.key,
-        "event": delivery.event,
-        "action": delivery.action,
-        "headers": delivery.headers,
-        "received_at": delivery.received_at.isoformat(),
-        "body_encoding": encoding,
-        "body": body,
-    }
-    return json.dumps(document, separators=(",", ":")).encode("ascii")
-
-
-def decode_payload_file(data: bytes) -> Delivery:
-    """Read back what :func:`encode_payload_file` wrote; ValueError if it is not that."""
-    try:
-        document: Any = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"not JSON ({exc})") from exc
-    if not isinstance(document, dict) or document.get("version") != _FORMAT_VERSION:
-        raise ValueError(f"not an inbox payload of format version {_FORMAT_VERSION}")
-    try:
-        body_text: str = document["body"]
-        if document["body_encoding"] == "base64":
-            body = base64.b64decode(body_text, validate=True)
-        else:
-            body = body_text.encode("utf-8")
-        received_at = datetime.fromisoformat(document["received_at"])
-        return Delivery(
-            route=str(document["route"]),
-            key=str(document["key"]),
-            event=str(document["event"]),
-            action=document["action"],
-            headers={str(k): str(v) for k, v in document["headers"].items()},
-            body=body,
-            received_at=received_at,
-            source=str(document.get("source", _WEBHOOK)),
-        )
-    except (KeyError, TypeError, AttributeError, binascii.Error) as exc:
-        raise ValueError(f"a field is missing or malformed ({exc!r})") from exc
-
-
-# -- blocking file work (always called through asyncio.to_thread) ---------------------------
-
-
-def _payload_names(root: Path) -> list[str]:
-    if not root.is_dir():
-        return []
-    return sorted(entry.name for entry in os.scandir(root)
-                  if entry.name.endswith(_SUFFIX) and not entry.name.startswith("."))
-
-
-def _remove_payloads(root: Path, names: list[str], older_than_us: int) -> None:
-    if not root.is_dir():
-        return
-    for name in names:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(root / name)
-    for entry in os.scandir(root):
-        if entry.name.startswith(_TEMP_PREFIX):
-            with contextlib.suppress(FileNotFoundError):
-                if entry.stat().st_mtime_ns // 1000 < older_than_us:
-                    os.unlink(entry.path)
-    fsync_directory(root)  # the names are gone for good before their rows are

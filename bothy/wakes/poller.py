@@ -55,7 +55,8 @@ from bothy.engine.audit import AuditLog
 from bothy.engine.procgroup import ProcessGroup
 from bothy.engine.state import StateDB
 from bothy.errors import InboxError, ProcessGroupError
-from bothy.wakes.inbox import Accepted, Delivery, Inbox
+from bothy.wakes.delivery import Delivery
+from bothy.wakes.inbox import Accepted, Inbox
 from bothy.wakes.jobs import lookup
 from bothy.wakes.jsonbody import Unacceptable, parse_body
 

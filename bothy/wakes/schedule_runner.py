@@ -31,7 +31,8 @@ from apscheduler.triggers.interval import IntervalTrigger  # type: ignore[import
 from bothy.clock import Clock, to_us
 from bothy.engine.audit import AuditLog
 from bothy.errors import InboxError, UsageError
-from bothy.wakes.inbox import Accepted, Delivery, Inbox
+from bothy.wakes.delivery import Delivery
+from bothy.wakes.inbox import Accepted, Inbox
 from bothy.wakes.schedules import (
     SOURCE,
     Schedule,

@@ -7,8 +7,10 @@ name is made durable by fsyncing the directory before its first batch is acknowl
 
 A process never appends to a segment an earlier process wrote: its tail may have been cut by
 a crash mid-write. Each process starts its own segment at its first batch, and a new one past
-:data:`_SEGMENT_BYTES`, and after a failed write or fsync (after a failed fsync the kernel may
-have dropped the pages it could not write: nothing more is written behind them).
+:data:`_SEGMENT_BYTES` or :data:`_SEGMENT_AGE_S` (so that a quiet site's segment too grows
+old and can be pruned: :mod:`bothy.wakes.retention`), and after a failed write or fsync
+(after a failed fsync the kernel may have dropped the pages it could not write: nothing more
+is written behind them).
 
 Where a payload is, and which lines hold a queued wake, is the state database's (the
 ``wakes`` rows name segment, offset and length): this module only writes and reads bytes.
@@ -21,7 +23,8 @@ import contextlib
 import os
 import re
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +32,7 @@ from bothy.fsync import fsync, fsync_directory
 
 _NAME = re.compile(r"wakes-(\d{6,})\.seg")
 _SEGMENT_BYTES = 64 * 1024 * 1024
+_SEGMENT_AGE_S = 86_400.0
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
 
@@ -47,13 +51,16 @@ class _Open:
     name: str
     fd: int
     size: int
+    opened_s: float
 
 
 class Segments:
-    """The segment files under ``root``; one writer per process (the inbox's committer)."""
+    """The segment files under ``root``; one writer per process (the inbox's committer).
+    ``now_s`` is the time in seconds (the inbox's clock), for a segment's age."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, now_s: Callable[[], float] = time.monotonic) -> None:
         self.root = root
+        self._now_s = now_s
         self._current: _Open | None = None
         self._lock = threading.Lock()
 
@@ -141,8 +148,10 @@ class Segments:
 
     def _target(self) -> tuple[_Open, bool]:
         """The segment to append to, and whether it was created for this batch."""
-        if self._current is not None and self._current.size < _SEGMENT_BYTES:
-            return self._current, False
+        current = self._current
+        if (current is not None and current.size < _SEGMENT_BYTES
+                and self._now_s() - current.opened_s < _SEGMENT_AGE_S):
+            return current, False
         self._close_current()
         _ensure_dir(self.root)
         numbered = self._numbered()
@@ -156,7 +165,7 @@ class Segments:
                 number += 1
                 continue
             os.fchmod(fd, _FILE_MODE)  # exact mode, whatever the umask
-            self._current = _Open(name, fd, 0)
+            self._current = _Open(name, fd, 0, self._now_s())
             return self._current, True
 
     def _close_current(self) -> None:

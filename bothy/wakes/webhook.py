@@ -66,8 +66,9 @@ from bothy.clock import Clock, to_us
 from bothy.config import WebhookRoute
 from bothy.engine.audit import AuditLog
 from bothy.errors import BothyError, InboxError, ListenerError
+from bothy.wakes.delivery import Delivery
 from bothy.wakes.httpserver import HttpServer, ReadDeadlines, Rejected
-from bothy.wakes.inbox import Accepted, Delivery, Inbox
+from bothy.wakes.inbox import Accepted, Inbox
 from bothy.wakes.jobs import Ignored, unwanted
 from bothy.wakes.jsonbody import Unacceptable, parse_body
 from bothy.wakes.refusals import Refusal, RefusalLimiter
