@@ -7,9 +7,9 @@ benchmark launched `bothy run` is Bothy's own cost: interpreter start, imports, 
 the gates, spawning, and thread/start.
 
 Beside it, in the same run and taking turns with it: a bare interpreter (`python -c pass`),
-and codex's own initialize measured without Bothy (the same argv, environment and working
-directory, spawned here, one `initialize` sent at once), so that the part of the figure that
-is codex's and the part that is Python's are both on the page.
+and codex's own initialize and thread/start measured without Bothy (the same argv, environment
+and working directory, spawned here, each request sent at once), so that the parts of the
+figure that are codex's and the part that is Python's are each on the page.
 """
 
 from __future__ import annotations
@@ -36,27 +36,39 @@ async def _bare_python_s(env: dict[str, str]) -> float:
     return time.perf_counter() - started
 
 
-async def _codex_initialize_s(argv: list[str], env: dict[str, str], cwd: Path) -> float:
-    """Spawn codex app-server as Bothy would and time its answer to one ``initialize``."""
-    request = {"id": 1, "method": "initialize", "params": {
-        "clientInfo": {"name": "bench", "title": "bench", "version": "0"},
-        "capabilities": {"experimentalApi": True}}}
+async def _codex_alone_s(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
+    """Spawn codex app-server as Bothy would; time its answer to ``initialize`` (from spawn),
+    then to the ``thread/start`` a run without a profile sends (from sending it)."""
     started = time.perf_counter()
     process = await asyncio.create_subprocess_exec(
         *argv, env=env, cwd=cwd, start_new_session=True, stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
     assert process.stdin is not None and process.stdout is not None
-    process.stdin.write(json.dumps(request).encode() + b"\n")
+    stdin, stdout = process.stdin, process.stdout
+
+    async def call(request_id: int, method: str, params: dict[str, Any]) -> None:
+        stdin.write(json.dumps({"id": request_id, "method": method, "params": params}).encode()
+                    + b"\n")
+        while True:
+            line = await stdout.readline()
+            if not line:
+                raise RuntimeError(f"codex app-server closed its output before answering {method}")
+            if json.loads(line).get("id") == request_id:
+                return
+
     try:
         async with asyncio.timeout(30):
-            while True:
-                line = await process.stdout.readline()
-                if not line:
-                    raise RuntimeError("codex app-server closed its output before answering")
-                if json.loads(line).get("id") == 1:
-                    return time.perf_counter() - started
+            await call(1, "initialize", {
+                "clientInfo": {"name": "bench", "title": "bench", "version": "0"},
+                "capabilities": {"experimentalApi": True}})
+            initialized = time.perf_counter()
+            stdin.write(json.dumps({"method": "initialized"}).encode() + b"\n")
+            asked = time.perf_counter()
+            await call(2, "thread/start", {"cwd": str(cwd), "approvalPolicy": "on-request",
+                                           "sandbox": "read-only", "ephemeral": True})
+            return initialized - started, time.perf_counter() - asked
     finally:
-        process.stdin.close()
+        stdin.close()
         try:
             async with asyncio.timeout(5):
                 await process.wait()
@@ -111,8 +123,9 @@ async def _measure(root: Path) -> dict[str, list[float]]:
             for name, value in (await _run_once(site, server)).items():
                 figures.setdefault(name, []).append(value)
             figures.setdefault("bare", []).append(await _bare_python_s(env) * 1000)
-            codex_s = await _codex_initialize_s(launch.argv, launch.env, site.workspace)
-            figures.setdefault("codex_init", []).append(codex_s * 1000)
+            init_s, thread_s = await _codex_alone_s(launch.argv, launch.env, site.workspace)
+            figures.setdefault("codex_init", []).append(init_s * 1000)
+            figures.setdefault("codex_thread", []).append(thread_s * 1000)
     return figures
 
 
@@ -136,3 +149,5 @@ def main() -> None:
     print(f"   codex app-server's initialize within the run (spawn → answer):"
           f" median {median(figures['init']):.1f} ms; alone, spawned by this bench:"
           f" median {median(figures['codex_init']):.1f} ms")
+    print(f"   codex's own thread/start alone (sent → answer, inside the figure above):"
+          f" median {median(figures['codex_thread']):.1f} ms")
