@@ -5,62 +5,149 @@ started` audit record carries when turn/start was sent (unix time) and how long 
 app-server took from spawn to its initialize answer; the difference from the moment this
 benchmark launched `bothy run` is Bothy's own cost: interpreter start, imports, config, state,
 the gates, spawning, and thread/start.
+
+Beside it, in the same run and taking turns with it: a bare interpreter (`python -c pass`),
+and codex's own initialize and thread/start measured without Bothy (the same argv, environment
+and working directory, spawned here, each request sent at once), so that the parts of the
+figure that are codex's and the part that is Python's are each on the page.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import shutil
+import os
+import signal
 import sys
 import time
 from datetime import datetime
+from pathlib import Path
+from typing import Any
 
-from bench._util import REPO, figure, median, scratch
+from bench._util import figure, median, run_against_fakes
 
 RUNS = 7
 
 
-async def _measure() -> tuple[list[float], list[float], list[float]]:
-    sys.path.insert(0, str(REPO))
+async def _bare_python_s(env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    process = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass", env=env)
+    await process.wait()
+    return time.perf_counter() - started
+
+
+async def _codex_alone_s(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
+    """Spawn codex app-server as Bothy would; time its answer to ``initialize`` (from spawn),
+    then to the ``thread/start`` a run without a profile sends (from sending it)."""
+    started = time.perf_counter()
+    process = await asyncio.create_subprocess_exec(
+        *argv, env=env, cwd=cwd, start_new_session=True, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    assert process.stdin is not None and process.stdout is not None
+    stdin, stdout = process.stdin, process.stdout
+
+    async def call(request_id: int, method: str, params: dict[str, Any]) -> None:
+        stdin.write(json.dumps({"id": request_id, "method": method, "params": params}).encode()
+                    + b"\n")
+        while True:
+            line = await stdout.readline()
+            if not line:
+                raise RuntimeError(f"codex app-server closed its output before answering {method}")
+            if json.loads(line).get("id") == request_id:
+                return
+
+    try:
+        async with asyncio.timeout(30):
+            await call(1, "initialize", {
+                "clientInfo": {"name": "bench", "title": "bench", "version": "0"},
+                "capabilities": {"experimentalApi": True}})
+            initialized = time.perf_counter()
+            stdin.write(json.dumps({"method": "initialized"}).encode() + b"\n")
+            asked = time.perf_counter()
+            await call(2, "thread/start", {"cwd": str(cwd), "approvalPolicy": "on-request",
+                                           "sandbox": "read-only", "ephemeral": True})
+            return initialized - started, time.perf_counter() - asked
+    finally:
+        stdin.close()
+        try:
+            async with asyncio.timeout(5):
+                await process.wait()
+        except TimeoutError:
+            os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+
+
+async def _run_once(site: Any, server: Any) -> dict[str, float]:
+    """One `bothy run`: its figures from the register (ms)."""
+    from tests.fakes.model_server import text
+
+    server.script(text("BOTHY"))
+    launched = time.time()
+    done = await site.bothy("run", "Reply with exactly: BOTHY", "--subject", "bench")
+    if done.code != 0:
+        raise RuntimeError(f"bench run failed: {done.stdout} {done.stderr[-500:]}")
+    run_id = done.stdout.split()[1]
+    listing = await site.bothy("audit", "--run", run_id, "--json")
+    records = [json.loads(line) for line in listing.stdout.splitlines()]
+    turn = next(r for r in records if r["kind"] == "turn" and r["event"] == "started")
+    wake = next(r for r in records if r["kind"] == "wake")
+    details = turn["details"]
+    sent = details["turn_start_sent_unix"]
+    woken = datetime.fromisoformat(wake["ts"]).timestamp()
+    return {
+        "overhead": (sent - launched) * 1000 - details["initialize_ms"],
+        "to_turn_start": (sent - launched) * 1000,
+        "before_wake": (woken - launched) * 1000,
+        "inside": (sent - woken) * 1000 - details["initialize_ms"],
+        "init": details["initialize_ms"],
+    }
+
+
+async def _measure(root: Path) -> dict[str, list[float]]:
+    from bothy.config import load_config
+    from bothy.engine.launch import build_launch
     from tests.fakes.model_server import ModelServer, text
     from tests.fakes.site import Site
 
-    overheads, inside, inits = [], [], []
-    root = scratch("supervisor-")
+    figures: dict[str, list[float]] = {}
     async with ModelServer() as server:
         site = Site(root, server.base_url)
         # As a site meets it: an installed bothy has its bytecode compiled (pip does that); an
         # empty PYTHONDONTWRITEBYTECODE is unset for Python, so the first run writes the .pyc.
         site.extra_env["PYTHONDONTWRITEBYTECODE"] = ""
+        env = site.env()
+        launch = build_launch(load_config(site.home / "config.json").codex, environ=env)
         server.script(text("BOTHY"))
         await site.bothy("run", "Reply with exactly: BOTHY", "--subject", "warm")
-        for _ in range(RUNS):
-            server.script(text("BOTHY"))
-            launched = time.time()
-            done = await site.bothy("run", "Reply with exactly: BOTHY", "--subject", "bench")
-            if done.code != 0:
-                raise RuntimeError(f"bench run failed: {done.stdout} {done.stderr[-500:]}")
-            run_id = done.stdout.split()[1]
-            listing = await site.bothy("audit", "--run", run_id, "--json")
-            records = [json.loads(line) for line in listing.stdout.splitlines()]
-            turn = next(r for r in records if r["kind"] == "turn" and r["event"] == "started")
-            wake = next(r for r in records if r["kind"] == "wake")
-            details = turn["details"]
-            sent = details["turn_start_sent_unix"]
-            woken = datetime.fromisoformat(wake["ts"]).timestamp()
-            inits.append(details["initialize_ms"])
-            overheads.append((sent - launched) * 1000 - details["initialize_ms"])
-            inside.append((sent - woken) * 1000 - details["initialize_ms"])
-    shutil.rmtree(root, ignore_errors=True)
-    return overheads, inside, inits
+        for _ in range(RUNS):  # taking turns, so that the machine's load meets all three
+            for name, value in (await _run_once(site, server)).items():
+                figures.setdefault(name, []).append(value)
+            figures.setdefault("bare", []).append(await _bare_python_s(env) * 1000)
+            init_s, thread_s = await _codex_alone_s(launch.argv, launch.env, site.workspace)
+            figures.setdefault("codex_init", []).append(init_s * 1000)
+            figures.setdefault("codex_thread", []).append(thread_s * 1000)
+    return figures
 
 
 def main() -> None:
-    overheads, inside, inits = asyncio.run(_measure())
-    figure("bothy run → turn/start, minus codex init", median(overheads), "ms", 80,
+    figures: dict[str, list[float]] = {}
+
+    async def bench(root: Path) -> None:
+        figures.update(await _measure(root))
+
+    run_against_fakes("supervisor-", bench)
+    figure("bothy run → turn/start, minus codex init", median(figures["overhead"]), "ms", 80,
            higher_is_better=False)
+    low, high = min(figures["overhead"]), max(figures["overhead"])
+    print(f"   ({len(figures['overhead'])} runs, {low:.1f}–{high:.1f} ms; launch → turn/start"
+          f" sent in all: median {median(figures['to_turn_start']):.1f} ms)")
+    print(f"   bare python -c pass, same run: median {median(figures['bare']):.1f} ms")
+    print(f"   launch → `wake received` recorded (interpreter, imports, config, state, recovery):"
+          f" median {median(figures['before_wake']):.1f} ms")
     print(f"   of which the supervisor itself (wake recorded → turn/start, minus codex init):"
-          f" median {median(inside):.1f} ms; the rest is interpreter start, imports, config"
-          " and state")
-    print(f"   codex app-server's own initialize (spawn → answer): median {median(inits):.1f} ms")
+          f" median {median(figures['inside']):.1f} ms")
+    print(f"   codex app-server's initialize within the run (spawn → answer):"
+          f" median {median(figures['init']):.1f} ms; alone, spawned by this bench:"
+          f" median {median(figures['codex_init']):.1f} ms")
+    print(f"   codex's own thread/start alone (sent → answer, inside the figure above):"
+          f" median {median(figures['codex_thread']):.1f} ms")

@@ -11,7 +11,6 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
 
 from bothy import __version__
 from bothy.errors import (
@@ -27,9 +26,46 @@ from bothy.errors import (
 )
 from bothy.exitcodes import ExitCode
 
+# ``typing`` costs a cold ``bothy status`` several milliseconds and is only needed by mypy
+# here (every annotation is a string); mypy reads any ``if TYPE_CHECKING:`` as true.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
+
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help formatter, given the terminal's width itself: argparse makes one for
+    every argument added, and left to find the width it imports shutil (with zlib, bz2 and
+    lzma), milliseconds of every cold start."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position,
+                         _columns() - 2 if width is None else width)
+
+
+def _columns() -> int:
+    """The terminal's width as ``shutil.get_terminal_size`` finds it: ``$COLUMNS``, else the
+    terminal on standard output, else 80."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    stdout = sys.__stdout__
+    if columns <= 0 and stdout is not None:
+        try:
+            columns = os.get_terminal_size(stdout.fileno()).columns
+        except (AttributeError, ValueError, OSError):  # not a terminal, or no descriptor
+            columns = 0
+    return columns if columns > 0 else 80
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse exits 2 on bad usage; Bothy's contract says 64 (EX_USAGE)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)

@@ -10,16 +10,28 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import NamedTuple
 
 from bothy.errors import StateError
 
 
-class BothyHome(NamedTuple):
-    """The paths under one ``$BOTHY_HOME``. (A NamedTuple, not a dataclass: every command
-    starts here, and ``dataclasses`` costs a cold ``bothy status`` a fifth of its time.)"""
+class BothyHome:
+    """The paths under one ``$BOTHY_HOME``. (A plain class, neither a dataclass nor a
+    NamedTuple: every command starts here, and importing ``dataclasses`` or ``typing`` is a
+    good part of a cold ``bothy status``.)"""
 
-    root: Path
+    __slots__ = ("root",)
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BothyHome) and other.root == self.root
+
+    def __hash__(self) -> int:
+        return hash(self.root)
+
+    def __repr__(self) -> str:
+        return f"BothyHome({str(self.root)!r})"
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> BothyHome:
