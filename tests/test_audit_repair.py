@@ -225,8 +225,9 @@ async def test_repair_is_refused_while_serve_runs(tmp_path: Path) -> None:
     site = _site_with_records(tmp_path)
     async with Shell(site) as shell:
         serving = await shell.start("serve")
-        await until(lambda: any(" serve ready " in line for line in site.audit_lines())
-                    or not serving.running, "`bothy serve` ready")
+        # Ready, and its spare app-server settled (it is recorded a moment after ready).
+        await until(lambda: any(" spare " in line for line in site.audit_lines())
+                    or not serving.running, "`bothy serve` ready with its spare")
         before = site.audit_path.read_bytes()
         refused = await shell.bothy("audit", "repair")
         assert refused.code == 75, refused.stderr
