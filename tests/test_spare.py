@@ -114,6 +114,30 @@ async def test_each_run_takes_its_own_spare_and_the_stop_ends_the_last(
     assert all(live_members(pgid) == [] for pgid in pgids)  # type: ignore[arg-type]
 
 
+async def test_runs_at_once_never_share_an_app_server(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """Three deliveries at once in three lanes (two slots): every run has a group of its own,
+    whether it took a spare or started cold, and each spare taken served one run."""
+    server.script(text("A."), text("B."), text("C."))
+    site = serve_site(tmp_path, server)
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        await _spares_started(site, 1)
+        for number in (11, 12, 13):
+            await queued(serving, _opened(number))
+        finished = await until_count(site, "run", "finished", "ok", 3)
+        assert await serving.stop() == 0
+
+    started = [_started(site, run) for run in finished]
+    pgids = [run.details["pgid"] for run in started]
+    assert len(set(pgids)) == 3
+    spares = {spare.details["pgid"] for spare in _spare_records(site, "started")}
+    taken = [run.details["pgid"] for run in started if run.details["spare"] == "taken"]
+    assert taken and set(taken) <= spares
+    assert all(live_members(int(pgid)) == [] for pgid in pgids)  # type: ignore[call-overload]
+
+
 async def test_sigkill_of_serve_leaves_no_spare_once_the_next_start_recovers(
     server: ModelServer, tmp_path: Path
 ) -> None:

@@ -11,7 +11,8 @@ is asked (docs/ARCHITECTURE.md, "The spare"). ``bothy serve`` pays it ahead:
   one die (``engine/recovery.py``);
 * it is handed to exactly one run: :meth:`Spare.take` forgets it before its first ``await``,
   so no second run can have it; its row goes once the run has recorded the group as its own
-  (:meth:`Spare.run_started`), and then the next spare is started;
+  (:meth:`Spare.run_started`); the next spare is started once that run's turn is under way
+  (while the model works, not on the run's way to its turn) or, failing that, at its end;
 * it holds no pool slot and no reservation: it is not a run, and asks for nothing;
 * a dead spare is never handed over (its death is noticed and recorded while it waits, and
   checked again when a run takes it), nor one started before ``CODEX_HOME``'s ``config.toml``
@@ -95,8 +96,8 @@ class Spare:
     """At most one spare app-server, started ahead, for the next run that fits its launch.
 
     ``start`` starts one in the background (if none is held); ``take`` hands it to a run or
-    says why not; ``run_started`` is told once that run recorded the group as its own; ``close``
-    ends it for good. Every task it starts is its own and ends by ``close``.
+    says why not; ``run_started`` is told once that run recorded the group as its own;
+    ``close`` ends it for good. Every task it starts is its own and ends by ``close``.
     """
 
     def __init__(self, launch: Launch, *, cwd: Path, db: StateDB, audit: AuditLog,
@@ -156,13 +157,10 @@ class Spare:
         held.worker.marks["taken"] = time.monotonic()
         return held.worker
 
-    def run_started(self, record: GroupRecord, *, taken: bool) -> None:
-        """A run has recorded its worker's group as its own (``taken``: the spare's): the
-        spare's row goes, then the next spare is started; in the background, off the run's
-        way to its turn."""
-        if taken:
-            self._own(self._forget(record))
-        self.start()
+    def run_started(self, record: GroupRecord) -> None:
+        """A run has recorded the spare's group as its own: the spare's row goes (in the
+        background, off the run's way to its turn)."""
+        self._own(self._forget(record))
 
     async def close(self, why: str = "bothy is stopping") -> None:
         """End the held spare and start no other; wait for what is still being ended."""

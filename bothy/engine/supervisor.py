@@ -282,6 +282,11 @@ class Supervisor:
             return RunEnd(Outcome.FAILED, worker.failure(str(exc)))
         finally:
             await self._stop_worker(run_id, request.subject, worker, toolbox)
+            self._next_spare()  # if the run never reached its turn (a no-op if one is held)
+
+    def _next_spare(self) -> None:
+        if self._spare is not None:
+            self._spare.start()
 
     async def _started(self, run_id: str, subject: str, record: GroupRecord, launch: Launch,
                        taken: Worker | Cold | None) -> None:
@@ -297,8 +302,8 @@ class Supervisor:
                 details["cold"] = taken.reason
         await self._audit.record("run", "started", "ok", subject=subject, run_id=run_id,
                                  details=details)
-        if self._spare is not None:
-            self._spare.run_started(record, taken=isinstance(taken, Worker))
+        if self._spare is not None and isinstance(taken, Worker):
+            self._spare.run_started(record)
 
     async def _stop_worker(
         self, run_id: str, subject: str, worker: Worker, toolbox: Toolbox
@@ -380,6 +385,7 @@ class Supervisor:
                                           traceparent=traceparent(run_id))
         await self._turn_started(run_id, request.subject, thread.model, turn_id, worker,
                                  thread_id=thread.thread_id)
+        self._next_spare()  # while the model works: not on this run's way to its turn
         turn = Turn(run_id, request.subject, thread.thread_id, turn_id, price,
                     admitted.reserved_micros)
         self._meters[run_id] = turn.meter  # filled as Codex reports; recorded at the run's end
