@@ -11,8 +11,10 @@ is asked (docs/ARCHITECTURE.md, "The spare"). ``bothy serve`` pays it ahead:
   one die (``engine/recovery.py``);
 * it is handed to exactly one run: :meth:`Spare.take` forgets it before its first ``await``,
   so no second run can have it; its row goes once the run has recorded the group as its own
-  (:meth:`Spare.run_started`); the next spare is started once that run's turn is under way
-  (while the model works, not on the run's way to its turn) or, failing that, at its end;
+  (:meth:`Spare.run_started`); the next spare is started when that run ends, or a second
+  after its turn started, whichever is first: not on the run's way to its turn nor beside
+  codex building the model request, yet ready for a mention that comes while a long run
+  works;
 * it holds no pool slot and no reservation: it is not a run, and asks for nothing;
 * a dead spare is never handed over (its death is noticed and recorded while it waits, and
   checked again when a run takes it), nor one started before ``CODEX_HOME``'s ``config.toml``
@@ -110,6 +112,7 @@ class Spare:
         self._grace_s = grace_s
         self._held: _Held | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._timers: set[asyncio.Task[Any]] = set()  # start_after's, cancelled by close
         self._closed = False
         self._failure: BaseException | None = None
         self._owner_start = process_start_time(os.getpid())
@@ -157,6 +160,16 @@ class Spare:
         held.worker.marks["taken"] = time.monotonic()
         return held.worker
 
+    def start_after(self, delay_s: float) -> None:
+        """:meth:`start` in ``delay_s`` (a run's turn is under way: its model request goes out
+        first, and the next spare is started while the model works)."""
+        if not self._closed:
+            self._timers.add(self._own(self._start_later(delay_s)))
+
+    async def _start_later(self, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        self.start()
+
     def run_started(self, record: GroupRecord) -> None:
         """A run has recorded the spare's group as its own: the spare's row goes (in the
         background, off the run's way to its turn)."""
@@ -165,6 +178,8 @@ class Spare:
     async def close(self, why: str = "bothy is stopping") -> None:
         """End the held spare and start no other; wait for what is still being ended."""
         self._closed = True
+        for timer in self._timers:
+            timer.cancel()
         held, self._held = self._held, None
         if held is not None:
             if held.up is not None and not held.up.done():
@@ -272,5 +287,6 @@ class Spare:
         """A task of the spare's ended: one that failed (a broken register or state
         database) is raised by :meth:`close`, never dropped unseen."""
         self._tasks.discard(task)
+        self._timers.discard(task)
         if not task.cancelled() and task.exception() is not None and self._failure is None:
             self._failure = task.exception()
