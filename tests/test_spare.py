@@ -245,6 +245,29 @@ async def test_a_spare_started_before_codex_home_changed_is_ended_not_used(
     assert live_members(int(stale.details["pgid"])) == []  # type: ignore[call-overload]
 
 
+async def test_a_spare_that_cannot_start_is_recorded_and_not_retried_in_a_loop(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """A worker command that exits at once: the spare's failed start is `spare ended failed`
+    saying why, serve stays up, a run still gets its answer (failed, with the reason), and
+    spares are tried once at start and once per run after — never in a loop."""
+    site = serve_site(tmp_path, server, codex={"command": ["/bin/false"]})
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        await until(lambda: bool(_spare_records(site, "ended")), "the failed start recorded")
+        await queued(serving, _opened(9))
+        [run] = await until_count(site, "run", "finished", "failed", 1)
+        assert await serving.stop() == 0
+
+    first, *later = _spare_records(site, "ended")
+    assert first.outcome == "failed"
+    assert str(first.details["why"]).startswith("it could not start")
+    assert len(later) <= 1  # the one started when the run ended, if it got that far
+    assert _spare_records(site, "started") == []
+    assert "app-server" in str(run.details["reason"])
+    assert _spare_rows(site) == []
+
+
 async def test_with_the_spare_off_runs_start_cold_and_nothing_is_started_ahead(
     server: ModelServer, tmp_path: Path
 ) -> None:

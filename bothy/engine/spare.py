@@ -117,11 +117,6 @@ class Spare:
         self._failure: BaseException | None = None
         self._owner_start = process_start_time(os.getpid())
 
-    @property
-    def state(self) -> SpareState | None:
-        """The held spare's state; None when none is held."""
-        return self._held.state if self._held is not None else None
-
     def start(self) -> None:
         """Start a spare in the background, unless one is held or the spare is closed."""
         if self._closed or self._held is not None:
@@ -152,9 +147,10 @@ class Spare:
             return Cold("the spare could not start")
         if held.watch is not None:
             held.watch.cancel()
-        why = self._unfit(held)
-        if why is not None:
-            self._own(self._end(held, why, failed=held.worker.exited.is_set()))
+        unfit = self._unfit(held)
+        if unfit is not None:
+            why, failed = unfit
+            self._own(self._end(held, why, failed=failed))
             return Cold(why)
         held.state = SpareState.TAKEN
         held.worker.marks["taken"] = time.monotonic()
@@ -175,8 +171,15 @@ class Spare:
         background, off the run's way to its turn)."""
         self._own(self._forget(record))
 
+    @property
+    def failure(self) -> BaseException | None:
+        """What broke one of the spare's own tasks (a broken register or state database),
+        for its owner to raise once it has stopped; never dropped unseen."""
+        return self._failure
+
     async def close(self, why: str = "bothy is stopping") -> None:
-        """End the held spare and start no other; wait for what is still being ended."""
+        """End the held spare and start no other; wait for what is still being ended (a
+        failure meanwhile is :attr:`failure`, not raised here: the caller's stop goes on)."""
         self._closed = True
         for timer in self._timers:
             timer.cancel()
@@ -187,8 +190,6 @@ class Spare:
             self._own(self._end(held, why))
         while self._tasks:
             await asyncio.wait(set(self._tasks))
-        if self._failure is not None:
-            raise self._failure
 
     # --- One spare's life ------------------------------------------------------------------
 
@@ -224,14 +225,15 @@ class Spare:
             self._held = None
             await self._end(held, "it died while waiting for a run", failed=True)
 
-    def _unfit(self, held: _Held) -> str | None:
+    def _unfit(self, held: _Held) -> tuple[str, bool] | None:
+        """Why a ready spare must not be handed over, and whether that is a failure."""
         if held.worker.exited.is_set() or not held.worker.is_alive():
-            return "the spare had died"
+            return "the spare had died", True
         now = _codex_files(self.launch.codex_home)
         if now != held.files:
             changed = " and ".join(name for (name, is_now), (_, was) in
                                    zip(now, held.files, strict=True) if is_now != was)
-            return f"CODEX_HOME's {changed} changed after the spare started"
+            return f"CODEX_HOME's {changed} changed after the spare started", False
         return None
 
     async def _end(self, held: _Held, why: str, *, failed: bool = False) -> None:
@@ -284,8 +286,7 @@ class Spare:
         return task
 
     def _settled(self, task: asyncio.Task[Any]) -> None:
-        """A task of the spare's ended: one that failed (a broken register or state
-        database) is raised by :meth:`close`, never dropped unseen."""
+        """A task of the spare's ended: what broke one is kept as :attr:`failure`."""
         self._tasks.discard(task)
         self._timers.discard(task)
         if not task.cancelled() and task.exception() is not None and self._failure is None:
