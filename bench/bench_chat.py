@@ -20,8 +20,9 @@ same figures, with both connections open; Discord's mention latencies.
 In (a) a second `python -m bothy serve` runs beside the first with `codex.spare: false`, on a
 fake Slack of its own, and the mentions go to each in turn: mention → answer less the model,
 with the spare app-server and cold, measured side by side in one run (issue 18). Each mention
-to the first is sent once its spare is ready again (a person's mentions are further apart than
-a spare's start). The spare's own VmRSS (its process group) is printed beside serve's.
+to the first is sent once its spare is ready again, and every mention half a second after the
+last answer (a person's mentions are further apart than a spare's start). The spare's own
+VmRSS (its process group) is printed beside serve's.
 
 Where the time of an answer goes is split by the run's audit records (``run started``: the
 worker's group spawned; ``turn started``; ``worker stopped``), their timestamps put on this
@@ -46,6 +47,7 @@ from bench._util import REPO, figure, median, percentile, run_against_fakes
 
 MENTIONS = 20
 IDLE_S = 2.0
+APART_S = 0.5  # (a): between an answer and the next mention, to either serve
 READY_TARGET_MS = 500
 RSS_TARGET_MB = 85
 REACTION_TARGET_MS = 100
@@ -192,15 +194,18 @@ async def _slack_serve(root: Path, model: Any, slack: Any, slack_cold: Any) -> f
 async def _side_by_side(model: Any, site: Any, warm_one: Callable[[int], Any],
                         cold_one: Callable[[int], Any]) -> tuple[list[_Mention], list[_Mention]]:
     """A mention to the serve with a spare, then one to the serve without, ``MENTIONS + 1``
-    times; each warm one once the spare is ready again (mentions a person sends are further
-    apart than a spare's start, ~0.2 s)."""
+    times, each ``APART_S`` after the last answer and each warm one once the spare is ready
+    again: a person's mentions are further apart than a spare's start (~0.2 s here), and
+    codex still works for a while after its initialize answer."""
     from tests.fakes.model_server import text
 
     model.script(*(text(f"Answer {n}.") for n in range(2 * (MENTIONS + 1))))
     warm, cold = [], []
     for n in range(MENTIONS + 1):
         await _spare_ready(site, n + 1)
+        await asyncio.sleep(APART_S)
         warm.append(await warm_one(2 * n))
+        await asyncio.sleep(APART_S)
         cold.append(await cold_one(2 * n + 1))
     return warm, cold
 

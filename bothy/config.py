@@ -262,7 +262,7 @@ class ProfileConfig(_Section):
     # Codex config keys for this profile's runs, over codex.config: such a run starts its own
     # app-server (the spare has the site's); no secret inline, as in codex.config.
     codex_config: Annotated[dict[str, Any], AfterValidator(
-        lambda config: _no_inline_secret(config, "codex_config"))] = Field(default_factory=dict)
+        lambda config: _no_inline_secret(config, "codex_config"))] = Field(default={})
 
     @field_validator("skills")
     @classmethod

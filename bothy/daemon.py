@@ -145,6 +145,8 @@ class Daemon:
                 if spare is not None:
                     await asyncio.shield(spare.close())
             await asyncio.to_thread(self._publish, None)
+            if spare is not None and spare.failure is not None:
+                raise spare.failure  # after a full stop: its register or state broke
             await rt.audit.record("serve", "stopped", "ok", details={"pid": os.getpid()})
         self.state = State.EXITED
         return 0

@@ -114,6 +114,30 @@ async def test_each_run_takes_its_own_spare_and_the_stop_ends_the_last(
     assert all(live_members(pgid) == [] for pgid in pgids)  # type: ignore[arg-type]
 
 
+async def test_runs_at_once_never_share_an_app_server(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """Three deliveries at once in three lanes (two slots): every run has a group of its own,
+    whether it took a spare or started cold, and each spare taken served one run."""
+    server.script(text("A."), text("B."), text("C."))
+    site = serve_site(tmp_path, server)
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        await _spares_started(site, 1)
+        for number in (11, 12, 13):
+            await queued(serving, _opened(number))
+        finished = await until_count(site, "run", "finished", "ok", 3)
+        assert await serving.stop() == 0
+
+    started = [_started(site, run) for run in finished]
+    pgids = [run.details["pgid"] for run in started]
+    assert len(set(pgids)) == 3
+    spares = {spare.details["pgid"] for spare in _spare_records(site, "started")}
+    taken = [run.details["pgid"] for run in started if run.details["spare"] == "taken"]
+    assert taken and set(taken) <= spares
+    assert all(live_members(int(pgid)) == [] for pgid in pgids)  # type: ignore[call-overload]
+
+
 async def test_sigkill_of_serve_leaves_no_spare_once_the_next_start_recovers(
     server: ModelServer, tmp_path: Path
 ) -> None:
@@ -219,6 +243,29 @@ async def test_a_spare_started_before_codex_home_changed_is_ended_not_used(
     assert (ended[0].details["pgid"], ended[0].outcome, ended[0].details["why"]) == (
         stale.details["pgid"], "ok", run.details["cold"])
     assert live_members(int(stale.details["pgid"])) == []  # type: ignore[call-overload]
+
+
+async def test_a_spare_that_cannot_start_is_recorded_and_not_retried_in_a_loop(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """A worker command that exits at once: the spare's failed start is `spare ended failed`
+    saying why, serve stays up, a run still gets its answer (failed, with the reason), and
+    spares are tried once at start and once per run after — never in a loop."""
+    site = serve_site(tmp_path, server, codex={"command": ["/bin/false"]})
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        await until(lambda: bool(_spare_records(site, "ended")), "the failed start recorded")
+        await queued(serving, _opened(9))
+        [run] = await until_count(site, "run", "finished", "failed", 1)
+        assert await serving.stop() == 0
+
+    first, *later = _spare_records(site, "ended")
+    assert first.outcome == "failed"
+    assert str(first.details["why"]).startswith("it could not start")
+    assert len(later) <= 1  # the one started when the run ended, if it got that far
+    assert _spare_records(site, "started") == []
+    assert "app-server" in str(run.details["reason"])
+    assert _spare_rows(site) == []
 
 
 async def test_with_the_spare_off_runs_start_cold_and_nothing_is_started_ahead(

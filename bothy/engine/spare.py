@@ -11,7 +11,10 @@ is asked (docs/ARCHITECTURE.md, "The spare"). ``bothy serve`` pays it ahead:
   one die (``engine/recovery.py``);
 * it is handed to exactly one run: :meth:`Spare.take` forgets it before its first ``await``,
   so no second run can have it; its row goes once the run has recorded the group as its own
-  (:meth:`Spare.run_started`), and then the next spare is started;
+  (:meth:`Spare.run_started`); the next spare is started when that run ends, or a second
+  after its turn started, whichever is first: not on the run's way to its turn nor beside
+  codex building the model request, yet ready for a mention that comes while a long run
+  works;
 * it holds no pool slot and no reservation: it is not a run, and asks for nothing;
 * a dead spare is never handed over (its death is noticed and recorded while it waits, and
   checked again when a run takes it), nor one started before ``CODEX_HOME``'s ``config.toml``
@@ -95,8 +98,8 @@ class Spare:
     """At most one spare app-server, started ahead, for the next run that fits its launch.
 
     ``start`` starts one in the background (if none is held); ``take`` hands it to a run or
-    says why not; ``run_started`` is told once that run recorded the group as its own; ``close``
-    ends it for good. Every task it starts is its own and ends by ``close``.
+    says why not; ``run_started`` is told once that run recorded the group as its own;
+    ``close`` ends it for good. Every task it starts is its own and ends by ``close``.
     """
 
     def __init__(self, launch: Launch, *, cwd: Path, db: StateDB, audit: AuditLog,
@@ -109,14 +112,10 @@ class Spare:
         self._grace_s = grace_s
         self._held: _Held | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._timers: set[asyncio.Task[Any]] = set()  # start_after's, cancelled by close
         self._closed = False
         self._failure: BaseException | None = None
         self._owner_start = process_start_time(os.getpid())
-
-    @property
-    def state(self) -> SpareState | None:
-        """The held spare's state; None when none is held."""
-        return self._held.state if self._held is not None else None
 
     def start(self) -> None:
         """Start a spare in the background, unless one is held or the spare is closed."""
@@ -148,25 +147,42 @@ class Spare:
             return Cold("the spare could not start")
         if held.watch is not None:
             held.watch.cancel()
-        why = self._unfit(held)
-        if why is not None:
-            self._own(self._end(held, why, failed=held.worker.exited.is_set()))
+        unfit = self._unfit(held)
+        if unfit is not None:
+            why, failed = unfit
+            self._own(self._end(held, why, failed=failed))
             return Cold(why)
         held.state = SpareState.TAKEN
         held.worker.marks["taken"] = time.monotonic()
         return held.worker
 
-    def run_started(self, record: GroupRecord, *, taken: bool) -> None:
-        """A run has recorded its worker's group as its own (``taken``: the spare's): the
-        spare's row goes, then the next spare is started; in the background, off the run's
-        way to its turn."""
-        if taken:
-            self._own(self._forget(record))
+    def start_after(self, delay_s: float) -> None:
+        """:meth:`start` in ``delay_s`` (a run's turn is under way: its model request goes out
+        first, and the next spare is started while the model works)."""
+        if not self._closed:
+            self._timers.add(self._own(self._start_later(delay_s)))
+
+    async def _start_later(self, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
         self.start()
 
+    def run_started(self, record: GroupRecord) -> None:
+        """A run has recorded the spare's group as its own: the spare's row goes (in the
+        background, off the run's way to its turn)."""
+        self._own(self._forget(record))
+
+    @property
+    def failure(self) -> BaseException | None:
+        """What broke one of the spare's own tasks (a broken register or state database),
+        for its owner to raise once it has stopped; never dropped unseen."""
+        return self._failure
+
     async def close(self, why: str = "bothy is stopping") -> None:
-        """End the held spare and start no other; wait for what is still being ended."""
+        """End the held spare and start no other; wait for what is still being ended (a
+        failure meanwhile is :attr:`failure`, not raised here: the caller's stop goes on)."""
         self._closed = True
+        for timer in self._timers:
+            timer.cancel()
         held, self._held = self._held, None
         if held is not None:
             if held.up is not None and not held.up.done():
@@ -174,8 +190,6 @@ class Spare:
             self._own(self._end(held, why))
         while self._tasks:
             await asyncio.wait(set(self._tasks))
-        if self._failure is not None:
-            raise self._failure
 
     # --- One spare's life ------------------------------------------------------------------
 
@@ -211,14 +225,15 @@ class Spare:
             self._held = None
             await self._end(held, "it died while waiting for a run", failed=True)
 
-    def _unfit(self, held: _Held) -> str | None:
+    def _unfit(self, held: _Held) -> tuple[str, bool] | None:
+        """Why a ready spare must not be handed over, and whether that is a failure."""
         if held.worker.exited.is_set() or not held.worker.is_alive():
-            return "the spare had died"
+            return "the spare had died", True
         now = _codex_files(self.launch.codex_home)
         if now != held.files:
             changed = " and ".join(name for (name, is_now), (_, was) in
                                    zip(now, held.files, strict=True) if is_now != was)
-            return f"CODEX_HOME's {changed} changed after the spare started"
+            return f"CODEX_HOME's {changed} changed after the spare started", False
         return None
 
     async def _end(self, held: _Held, why: str, *, failed: bool = False) -> None:
@@ -271,8 +286,8 @@ class Spare:
         return task
 
     def _settled(self, task: asyncio.Task[Any]) -> None:
-        """A task of the spare's ended: one that failed (a broken register or state
-        database) is raised by :meth:`close`, never dropped unseen."""
+        """A task of the spare's ended: what broke one is kept as :attr:`failure`."""
         self._tasks.discard(task)
+        self._timers.discard(task)
         if not task.cancelled() and task.exception() is not None and self._failure is None:
             self._failure = task.exception()

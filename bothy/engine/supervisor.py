@@ -57,6 +57,9 @@ if TYPE_CHECKING:
 
 FINAL_TEXT_MAX_CHARS = 20_000
 STOPPED_BEFORE_START = "bothy stopped before the run started (it had no worker yet)"
+# The next spare starts when a run ends or this long after its turn started: after codex has
+# sent the model request (tens of ms), while a real model works (seconds).
+SPARE_AFTER_TURN_S = 1.0
 
 
 class _Unasked:
@@ -282,6 +285,8 @@ class Supervisor:
             return RunEnd(Outcome.FAILED, worker.failure(str(exc)))
         finally:
             await self._stop_worker(run_id, request.subject, worker, toolbox)
+            if self._spare is not None:
+                self._spare.start()  # a no-op if one is held or starting
 
     async def _started(self, run_id: str, subject: str, record: GroupRecord, launch: Launch,
                        taken: Worker | Cold | None) -> None:
@@ -297,8 +302,8 @@ class Supervisor:
                 details["cold"] = taken.reason
         await self._audit.record("run", "started", "ok", subject=subject, run_id=run_id,
                                  details=details)
-        if self._spare is not None:
-            self._spare.run_started(record, taken=isinstance(taken, Worker))
+        if self._spare is not None and isinstance(taken, Worker):
+            self._spare.run_started(record)
 
     async def _stop_worker(
         self, run_id: str, subject: str, worker: Worker, toolbox: Toolbox
@@ -380,6 +385,8 @@ class Supervisor:
                                           traceparent=traceparent(run_id))
         await self._turn_started(run_id, request.subject, thread.model, turn_id, worker,
                                  thread_id=thread.thread_id)
+        if self._spare is not None:  # while the model works (engine/spare.py)
+            self._spare.start_after(SPARE_AFTER_TURN_S)
         turn = Turn(run_id, request.subject, thread.thread_id, turn_id, price,
                     admitted.reserved_micros)
         self._meters[run_id] = turn.meter  # filled as Codex reports; recorded at the run's end
