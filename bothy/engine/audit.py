@@ -30,53 +30,36 @@ and every verdict after a repair says where it was repaired.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bothy.engine.auditchain import Fault, VerifyReport, verify_lines
-from bothy.engine.auditcheckpoint import (
-    against_anchor,
-    read_checkpoint,
-    remove_checkpoint,
-    write_checkpoint,
-)
+from bothy.engine.auditchain import Fault, VerifyReport
+from bothy.engine.auditcheckpoint import against_anchor, read_checkpoint, remove_checkpoint
 from bothy.engine.auditevents import EVENTS, EventTable
-from bothy.engine.auditfile import (
-    Tail,
-    exclusive_lock,
-    fsync_new_entries,
-    identity,
-    make_parent_dirs,
-    open_for_append,
-    read_tail,
-)
+from bothy.engine.auditfile import exclusive_lock
 from bothy.engine.auditindex import RunIndex
 from bothy.engine.auditrecord import (
     GENESIS_HASH,
     AuditRecord,
     canonical_details_json,
-    format_ts,
+    flat_details,
     parse_line,
-    serialise_body,
-    with_hash,
 )
 from bothy.engine.auditsegments import (
     REPAIR_EVENT,
     REPAIR_KIND,
     file_lines,
-    lines_from,
     segments_of,
     verify_file,
 )
-from bothy.errors import AuditIntegrityError, StateError
-from bothy.fsync import fsync, fsync_directory
+from bothy.engine.auditwriter import AuditWriter, Entry
+from bothy.errors import AuditIntegrityError
+from bothy.fsync import fsync_directory
 from bothy.groupcommit import GroupCommit
 
 __all__ = ["GENESIS_HASH", "AuditLog", "AuditRecord", "Fault", "Repair", "VerifyReport"]
@@ -103,12 +86,11 @@ class AuditLog:
         self._lock_path = path.with_name(path.name + ".lock")
         self.checkpoint_path = path.with_name(path.name + ".checkpoint")
         self._clock = clock or _utc_now
-        self._thread_lock = threading.Lock()
         self.index = RunIndex(path)  # by run id, kept at one hook after each durable write
-        # Tail cached between appends; trusted only while the file is the one it describes.
-        self._tail: Tail | None = None
-        self._group: GroupCommit[_Entry, AuditRecord] = GroupCommit(
-            self._commit_in_thread, max_batch=_RECORDS_PER_COMMIT, name="audit-commit")
+        self._writer = AuditWriter(path, clock=self._clock, index=self.index)
+        self._group: GroupCommit[Entry, AuditRecord] = GroupCommit(
+            self._commit_in_thread, max_batch=_RECORDS_PER_COMMIT, name="audit-commit",
+            idle=self._settle_in_thread)
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -130,7 +112,7 @@ class AuditLog:
         is never extended), StateError if the file cannot be written.
         """
         entry = self._entry(kind, event, outcome, subject, run_id, details)
-        [record] = self._commit([entry])
+        [record] = self._writer.commit([entry], settle=True)
         return record
 
     async def record(
@@ -160,7 +142,7 @@ class AuditLog:
         subject: str | None,
         run_id: str | None,
         details: Mapping[str, Any] | None,
-    ) -> _Entry:
+    ) -> Entry:
         """The caller's half of an append: every check that does not need the file."""
         for name, value in (("kind", kind), ("event", event), ("outcome", outcome)):
             _check_token(name, value)
@@ -169,148 +151,14 @@ class AuditLog:
                 _check_token(name, optional)
         self._events.check(kind, event)
         copied, text = _canonical_details(details)
-        return _Entry(kind, event, outcome, subject, run_id, copied, text)
+        return Entry(kind, event, outcome, subject, run_id, copied, text)
 
-    async def _commit_in_thread(self, entries: list[_Entry]) -> list[AuditRecord]:
-        return await asyncio.to_thread(self._commit, entries)
+    async def _commit_in_thread(self, entries: list[Entry]) -> list[AuditRecord]:
+        return await asyncio.to_thread(self._writer.commit, entries, settle=False)
 
-    def _commit(self, entries: list[_Entry]) -> list[AuditRecord]:
-        """Append ``entries`` in order, in one write and one fsync, under both locks."""
-        try:
-            created_dirs = make_parent_dirs(self.path.parent)
-        except OSError as exc:
-            raise StateError(f"Cannot create the directory of {self.path}: {exc}") from exc
-        with self._thread_lock, exclusive_lock(self._lock_path):
-            records = self._append_locked(entries)
-            if records[0].seq == 1 or created_dirs:
-                # Inside the lock, so no other writer acknowledges a record in a file whose
-                # name is not yet durable.
-                fsync_new_entries(self.path, created_dirs)
-        return records
-
-    def _append_locked(
-        self, entries: list[_Entry], *, after: tuple[int, str] | None = None
-    ) -> list[AuditRecord]:
-        """Chain ``entries`` after the last record (or ``after``: the (seq, hash) a new
-        segment's first record follows, for a repair), write them at once, fsync."""
-        try:
-            fd = open_for_append(self.path)
-        except OSError as exc:
-            raise StateError(f"Cannot open audit log {self.path}: {exc.strerror}") from exc
-        try:
-            if after is None:
-                tail = self._current_tail(fd)
-            else:
-                tail = Tail(identity=identity(os.fstat(fd)), seq=after[0], hash=after[1])
-            records, lines = self._chained(entries, tail)
-            self._write_durably(fd, b"".join(lines), records[0].seq, records[-1].seq)
-            written = os.fstat(fd)
-            self._tail = Tail(identity=identity(written), seq=records[-1].seq,
-                               hash=records[-1].hash)
-            self._durable(records, lines, written)
-        finally:
-            os.close(fd)
-        return records
-
-    def _chained(
-        self, entries: list[_Entry], tail: Tail
-    ) -> tuple[list[AuditRecord], list[bytes]]:
-        """Seq and hash for each entry, in order: each record links to the one before it."""
-        records: list[AuditRecord] = []
-        lines: list[bytes] = []
-        seq, prev = tail.seq, tail.hash
-        for entry in entries:
-            seq += 1
-            ts = self._now()
-            body = serialise_body(
-                seq=seq, ts=format_ts(ts), kind=entry.kind, event=entry.event,
-                outcome=entry.outcome, subject=entry.subject, run_id=entry.run_id,
-                details=entry.details, prev=prev, details_json=entry.details_json,
-            )
-            digest = hashlib.sha256(body).hexdigest()
-            lines.append(with_hash(body, digest) + b"\n")
-            records.append(AuditRecord(
-                seq=seq, ts=ts, kind=entry.kind, event=entry.event, outcome=entry.outcome,
-                subject=entry.subject, run_id=entry.run_id, details=entry.details, prev=prev,
-                hash=digest,
-            ))
-            prev = digest
-        return records, lines
-
-    def _durable(
-        self, records: list[AuditRecord], lines: list[bytes], written: os.stat_result
-    ) -> None:
-        """The one step that sees records once they are on disk, before any caller hears of
-        them: the checkpoint (the head anchored), and the index by run id (its one hook,
-        which never raises), so that neither is ever ahead of the file."""
-        last = records[-1]
-        write_checkpoint(self.checkpoint_path, written, last.seq, last.hash)
-        offset = written.st_size - sum(len(line) for line in lines)
-        placed = []
-        for record, line in zip(records, lines, strict=True):
-            placed.append((offset, record))
-            offset += len(line)
-        self.index.note(written, placed)
-
-    def _now(self) -> datetime:
-        ts = self._clock()
-        if ts.tzinfo is None or ts.utcoffset() is None:
-            raise ValueError(f"The audit clock returned a naive datetime: {ts!r}")
-        return ts.astimezone(UTC)
-
-    def _current_tail(self, fd: int) -> Tail:
-        """The last record's seq and hash, from the cache if the file has not moved since."""
-        st = os.fstat(fd)
-        cached = self._tail
-        if cached is not None and cached.identity == identity(st):
-            return cached
-        self._tail = None
-        seq, digest = self._verified_tail(fd, st)
-        return Tail(identity=identity(st), seq=seq, hash=digest)
-
-    def _verified_tail(self, fd: int, st: os.stat_result) -> tuple[int, str]:
-        """The last record's seq and hash, once the chain up to it verifies (under the lock).
-
-        From the checkpoint when it still describes this file (same file, its record still
-        at its offset): only what was appended since is read. Otherwise the whole chain.
-        """
-        seq, digest = read_tail(fd, st.st_size, self.path)  # a broken last line, named first
-        point = read_checkpoint(self.checkpoint_path)
-        report: VerifyReport | None = None
-        if point is not None and point.describes(fd, st):
-            report = verify_lines(
-                lambda: lines_from(fd, point.offset, st.st_size),
-                start_seq=point.seq, start_hash=point.hash,
-            )
-        if report is None or not report.ok:
-            report = against_anchor(self._verify_segments(settle=False), point,
-                                     self.checkpoint_path)
-        if not report.ok:
-            raise AuditIntegrityError(
-                f"Refusing to append to audit log {self.path}: the chain is broken: "
-                f"{report.problem}; run 'bothy audit verify', then 'bothy audit repair'",
-                seq=report.first_bad_seq, line_no=report.line_no,
-            )
-        return seq, digest
-
-    def _write_durably(self, fd: int, data: bytes, first_seq: int, last_seq: int) -> None:
-        size_before = os.fstat(fd).st_size
-        try:
-            written = os.write(fd, data)
-            if written != len(data):
-                # Take the partial lines back rather than leave a truncated record behind.
-                os.ftruncate(fd, size_before)
-                raise OSError(0, f"short write ({written} of {len(data)} bytes)")
-            fsync(fd)
-        except OSError as exc:
-            # After a failed fsync the lines may or may not reach the disk; the chain stays
-            # intact either way, and the callers must treat the events as not recorded.
-            self._tail = None
-            what = (f"record {first_seq:04d}" if first_seq == last_seq
-                    else f"records {first_seq:04d}–{last_seq:04d}")
-            raise StateError(
-                f"Cannot append {what} to audit log {self.path}: {exc.strerror or exc}"
-            ) from exc
+    async def _settle_in_thread(self) -> None:
+        """The group commit's idle hook: the durable step its commits left pending."""
+        await asyncio.to_thread(self._writer.settle)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -398,21 +246,23 @@ class AuditLog:
 
         The caller makes sure no ``bothy serve`` runs; other writers wait on the lock.
         """
-        with self._thread_lock, exclusive_lock(self._lock_path):
+        with self._writer.thread_lock, exclusive_lock(self._lock_path):
+            self._writer.settle_locked()
             report = self._verify_segments(settle=False)
             if report.ok:
                 return None
-            stamp = self._now().strftime("%Y%m%dT%H%M%S.%fZ")
+            stamp = self._writer.now().strftime("%Y%m%dT%H%M%S.%fZ")
             kept = self.path.with_name(f"{self.path.name}.broken-{stamp}")
             os.rename(self.path, kept)  # the broken file itself, byte for byte
             fsync_directory(self.path.parent)
             remove_checkpoint(self.checkpoint_path)
+            self._writer.forget_pending()
             details = {"kept": kept.name, "last_good_seq": report.last_seq,
                        "last_good_hash": report.last_hash, "problem": report.problem}
-            [record] = self._append_locked(
-                [_Entry(REPAIR_KIND, REPAIR_EVENT, "ok", None, None, *_canonical_details(details))],
+            [record] = self._writer.append_locked(
+                [Entry(REPAIR_KIND, REPAIR_EVENT, "ok", None, None, *_canonical_details(details))],
                 after=(report.last_seq, report.last_hash))
-            fsync_new_entries(self.path, [])
+            self._writer.settle_locked()
         return Repair(kept=kept, record=record, problem=report.problem)
 
 
@@ -442,25 +292,15 @@ def _canonical_details(details: Mapping[str, Any] | None) -> tuple[dict[str, Any
         return {}, "{}"
     if not isinstance(details, Mapping):
         raise ValueError(f"audit details must be a JSON object, got {type(details).__name__}")
+    flat = flat_details(details)
+    if flat is not None:  # most records: text keys, plain values (a copy is the sorted dict)
+        return flat
     try:
         text = canonical_details_json(details)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"audit details must be JSON-serialisable: {exc}") from exc
     copied: dict[str, Any] = json.loads(text)
     return copied, text
-
-
-@dataclass(frozen=True)
-class _Entry:
-    """A record checked and waiting for its place in the chain (seq, ts, prev, hash)."""
-
-    kind: str
-    event: str
-    outcome: str
-    subject: str | None
-    run_id: str | None
-    details: dict[str, Any]
-    details_json: str
 
 
 def _utc_now() -> datetime:

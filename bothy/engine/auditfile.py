@@ -13,7 +13,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,15 +112,20 @@ def settled_size(lock_path: Path, fd: int) -> int:
         os.close(lock_fd)
 
 
-def open_for_append(path: Path) -> int:
-    """Open for appending and reading the tail, creating the file mode 0600 if absent."""
+def open_for_append(path: Path) -> tuple[int, bool]:
+    """Open for appending and reading the tail, creating the file mode 0600 if absent; and
+    whether it was created (its name is not durable until its directory is fsynced)."""
     flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC
     try:
+        return os.open(path, flags), False  # the usual case: the register exists
+    except FileNotFoundError:
+        pass
+    try:
         fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, FILE_MODE)
-    except FileExistsError:
-        return os.open(path, flags)
+    except FileExistsError:  # another writer created it just now
+        return os.open(path, flags), False
     os.fchmod(fd, FILE_MODE)  # exact mode, whatever the umask
-    return fd
+    return fd, True
 
 
 def make_parent_dirs(directory: Path) -> list[Path]:
@@ -141,7 +146,7 @@ def make_parent_dirs(directory: Path) -> list[Path]:
     return created
 
 
-def fsync_new_entries(path: Path, created_dirs: list[Path]) -> None:
+def fsync_new_entries(path: Path, created_dirs: Sequence[Path]) -> None:
     """Make new names durable: fsync of a file does not persist its directory entry."""
     for directory in {path.parent, *(d.parent for d in created_dirs)}:
         fsync_directory(directory)
