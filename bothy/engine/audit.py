@@ -15,7 +15,8 @@ one: one write, one fsync, seq in the order they were submitted (:mod:`bothy.gro
 
 Nothing is appended to a broken chain. A process's first append verifies the chain from the
 *checkpoint* kept beside the register (``<path>.checkpoint``: the file's identity, the offset
-and seq and hash of its last record, rewritten after each append), so ``bothy run`` reads only
+and seq and hash of its last record, rewritten once appends are durable: see
+:mod:`bothy.engine.auditwriter`), so ``bothy run`` reads only
 what other processes appended since; without a checkpoint that still describes the file, the
 whole chain is verified. ``bothy serve``, ``audit verify`` and ``doctor`` always verify the
 whole chain (:meth:`AuditLog.verify`).

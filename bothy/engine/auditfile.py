@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -131,7 +132,7 @@ def open_for_append(path: Path) -> tuple[int, bool]:
 def make_parent_dirs(directory: Path) -> list[Path]:
     """Create missing directories mode 0700; returns those created (shallowest first)."""
     missing: list[Path] = []
-    for candidate in (directory, *directory.parents):
+    for candidate in itertools.chain((directory,), directory.parents):  # lazily: mostly one
         if candidate.exists():
             break
         missing.append(candidate)
