@@ -91,10 +91,11 @@ def _group_commit_bench(work_dir: Path) -> None:
         threads.append(_threads_rate(work_dir / f"threads-{n}" / "audit.jsonl"))
         grouped.append(asyncio.run(_coroutines_rate(work_dir / f"grouped-{n}" / "audit.jsonl")))
     load_after = os.getloadavg()[0]
-    for label, rates in ((f"append, {CONCURRENT_WRITERS} threads, fsync each (before)", threads),
+    for label, rates in ((f"append, {CONCURRENT_WRITERS} threads, fsync each", threads),
                          (f"record, {CONCURRENT_WRITERS} coroutines, group commit", grouped)):
-        _report(f"{label}, median", statistics.median(rates), GROUP_COMMIT_TARGET_PER_S)
-        print(f"      {len(rates)} rounds: " + ", ".join(f"{r:,.0f}" for r in rates) + "/s")
+        _report(label, statistics.median(rates), GROUP_COMMIT_TARGET_PER_S)
+        print(f"      median of {len(rates)} rounds: "
+              + ", ".join(f"{r:,.0f}" for r in sorted(rates)) + "/s", flush=True)
     ratio = statistics.median(grouped) / statistics.median(threads)
     print(f"   group commit / fsync each: {ratio:.2f}× (load average {load_before:.1f} before,"
           f" {load_after:.1f} after, on {os.cpu_count()} cores)", flush=True)

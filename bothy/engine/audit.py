@@ -66,6 +66,8 @@ from bothy.groupcommit import GroupCommit
 __all__ = ["GENESIS_HASH", "AuditLog", "AuditRecord", "Fault", "Repair", "VerifyReport"]
 
 _RECORDS_PER_COMMIT = 512  # a few hundred KB in one write
+_WELL_FORMED: set[str] = set()  # tokens found well-formed (whether one is depends on it alone)
+_WELL_FORMED_MAX = 4096
 
 
 class AuditLog:
@@ -145,11 +147,13 @@ class AuditLog:
         details: Mapping[str, Any] | None,
     ) -> Entry:
         """The caller's half of an append: every check that does not need the file."""
-        for name, value in (("kind", kind), ("event", event), ("outcome", outcome)):
-            _check_token(name, value)
-        for name, optional in (("subject", subject), ("run_id", run_id)):
-            if optional is not None:
-                _check_token(name, optional)
+        _check_token("kind", kind)
+        _check_token("event", event)
+        _check_token("outcome", outcome)
+        if subject is not None:
+            _check_token("subject", subject)
+        if run_id is not None:
+            _check_token("run_id", run_id)
         self._events.check(kind, event)
         copied, text = _canonical_details(details)
         return Entry(kind, event, outcome, subject, run_id, copied, text)
@@ -280,10 +284,15 @@ class Repair:
 
 
 def _check_token(name: str, value: str) -> None:
+    if type(value) is str and value in _WELL_FORMED:
+        return  # seen before (kinds, events, a run's id and subject come back again and again)
     # isprintable() is False for every whitespace character except the plain space, and for
     # control characters (which could smuggle terminal escapes into the human form).
     if not isinstance(value, str) or not value or " " in value or not value.isprintable():
         raise ValueError(f"audit {name} must be a non-empty single token, got {value!r}")
+    if len(_WELL_FORMED) >= _WELL_FORMED_MAX:
+        _WELL_FORMED.clear()
+    _WELL_FORMED.add(value)
 
 
 def _canonical_details(details: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:

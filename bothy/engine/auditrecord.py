@@ -233,4 +233,4 @@ def _optional(value: str | None) -> str:
 
 
 def format_ts(ts: datetime) -> str:
-    return ts.astimezone(UTC).isoformat(timespec="microseconds")
+    return (ts if ts.tzinfo is UTC else ts.astimezone(UTC)).isoformat(timespec="microseconds")
