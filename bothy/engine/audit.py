@@ -159,7 +159,9 @@ class AuditLog:
         return Entry(kind, event, outcome, subject, run_id, copied, text)
 
     async def _commit_in_thread(self, entries: list[Entry]) -> list[AuditRecord]:
-        return await asyncio.to_thread(self._writer.commit, entries, settle=False)
+        # A record alone settles at once, as a blocking append does (a process that writes
+        # one and exits leaves nothing pending); a burst leaves it to the idle hook.
+        return await asyncio.to_thread(self._writer.commit, entries, settle=len(entries) == 1)
 
     async def _settle_in_thread(self) -> None:
         """The group commit's idle hook: the durable step its commits left pending."""

@@ -10,10 +10,10 @@ The durable step is allowed to be behind the file, never ahead of it (a crash be
 fsync and the step leaves it behind already: the next writer then verifies a little more from
 the checkpoint, and a reader of the index catches it up). Done after every commit it cost
 about as much CPU as the rest of the commit here (two more files' metadata in the journal, an
-SQLite transaction), so a commit made while callers keep coming may leave it *pending*: the
+SQLite transaction), so a group commit of several records (a burst) leaves it *pending*: the
 next commit does it for all of them once ``_DURABLE_EVERY_RECORDS`` are pending, and
 :meth:`AuditWriter.settle` — the group commit's idle hook, run once nobody waits — does it for
-what is left. A blocking ``append`` settles at once, as before.
+what is left. A blocking ``append``, and a group commit of one record, settle at once.
 """
 
 from __future__ import annotations
