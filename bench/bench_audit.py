@@ -2,10 +2,11 @@
 group commit (16 concurrent in-process writers, each awaiting its record before the next) and
 the verify rate over a 100k-record chain. Figures are printed beside their targets.
 
-The 16 writers are measured twice in the same run: as coroutines awaiting ``record`` (group
-commit: records that arrive together share one write and one fsync) and, as the baseline, as
-16 threads calling the blocking ``append`` (one fsync each, which is what ``record`` did before
-group commit). Both chains must verify, with seq in file order.
+The 16 writers are measured side by side in the same run, three rounds each: as coroutines
+awaiting ``record`` (group commit: records that arrive together share one write and one fsync)
+and, as the baseline, as 16 threads calling the blocking ``append`` (one fsync each, which is
+what ``record`` did before group commit). Every chain must verify, with seq in file order.
+The median and range of each are printed, with the load average they ran under.
 
 Appends are measured on the repository's disk (``.bench/``), since fsync is what they cost.
 The 100k-record chain for verify is built on tmpfs (``/dev/shm``) when there is one, where
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,6 +38,7 @@ RECORDS_PER_WRITER = 500
 CONCURRENT_WRITERS = 16
 RECORDS_PER_CONCURRENT_WRITER = 1_000
 GROUP_COMMIT_TARGET_PER_S = 10_000
+GROUP_COMMIT_ROUNDS = 3
 VERIFY_RECORDS = 100_000
 BUILD_LIMIT_S = 25.0
 
@@ -72,16 +75,30 @@ def main() -> None:
             multi_per_s,
             SINGLE_WRITER_TARGET_PER_S,
         )
-        threads_per_s = _threads_rate(work_dir / "threads" / "audit.jsonl")
-        _report(f"append, {CONCURRENT_WRITERS} threads, fsync each (before)", threads_per_s,
-                GROUP_COMMIT_TARGET_PER_S)
-        grouped_per_s = asyncio.run(_coroutines_rate(work_dir / "grouped" / "audit.jsonl"))
-        _report(f"record, {CONCURRENT_WRITERS} coroutines, group commit", grouped_per_s,
-                GROUP_COMMIT_TARGET_PER_S)
-        print(f"   group commit / fsync each: {grouped_per_s / threads_per_s:.2f}×", flush=True)
+        _group_commit_bench(work_dir)
         _verify_bench(work_dir)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _group_commit_bench(work_dir: Path) -> None:
+    """16 threads (one fsync each) and 16 coroutines (group commit), side by side, three
+    rounds: the median and the range of each, the load they ran under, and their ratio."""
+    threads: list[float] = []
+    grouped: list[float] = []
+    load_before = os.getloadavg()[0]
+    for n in range(GROUP_COMMIT_ROUNDS):
+        threads.append(_threads_rate(work_dir / f"threads-{n}" / "audit.jsonl"))
+        grouped.append(asyncio.run(_coroutines_rate(work_dir / f"grouped-{n}" / "audit.jsonl")))
+    load_after = os.getloadavg()[0]
+    for label, rates in ((f"append, {CONCURRENT_WRITERS} threads, fsync each", threads),
+                         (f"record, {CONCURRENT_WRITERS} coroutines, group commit", grouped)):
+        _report(label, statistics.median(rates), GROUP_COMMIT_TARGET_PER_S)
+        print(f"      median of {len(rates)} rounds: "
+              + ", ".join(f"{r:,.0f}" for r in sorted(rates)) + "/s", flush=True)
+    ratio = statistics.median(grouped) / statistics.median(threads)
+    print(f"   group commit / fsync each: {ratio:.2f}× (load average {load_before:.1f} before,"
+          f" {load_after:.1f} after, on {os.cpu_count()} cores)", flush=True)
 
 
 def _single_writer_rate(path: Path) -> float:

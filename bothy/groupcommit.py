@@ -22,6 +22,11 @@ starts once the one before has returned). With more, the next batch is taken whi
 commits are still in their slow steps, and ``commit`` must itself keep their effects in order
 (the inbox does: segment appends, then inserts, each in batch order).
 
+``idle``: called by the committer once nobody waits any more — once the commits under way
+have returned and the callers they answered have had their turn of the loop to come back
+(the register does there what it need not do after each commit: its durable step). The
+next commit waits for it. It must not raise; if it does, the error is dropped.
+
 ``linger_s``: callers answered together by one commit (HTTP senders, each waiting for its
 answer before it sends again) come back together, but not at once; the first back would get a
 commit of its own and the rest would wait for it. So when fewer wait than the last batch
@@ -74,6 +79,7 @@ class GroupCommit(Generic[T, R]):
         name: str,
         linger_s: float = 0.0,
         in_flight: int = 1,
+        idle: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"a group commit takes at least one item per batch, not {max_batch}")
@@ -82,6 +88,7 @@ class GroupCommit(Generic[T, R]):
         self._name = name
         self._linger_s = linger_s
         self._in_flight = in_flight
+        self._idle = idle
         # Futures belong to one loop: each loop that submits gets its own queue and committer
         # (an AuditLog may outlive several asyncio.run calls, or serve two loops at once).
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Queue[T, R]] = (
@@ -105,27 +112,48 @@ class GroupCommit(Generic[T, R]):
         """Commit batches while anyone waits; the batch grows with what arrived meanwhile.
 
         A batch is taken once a commit slot is free: with ``in_flight`` > 1, while the commits
-        before it are still under way (their owner keeps their effects in order)."""
+        before it are still under way (their owner keeps their effects in order). Then, with
+        an ``idle`` hook, it waits for quiet and calls it."""
         try:
-            while queue.waiting:
-                await queue.slots.acquire()
-                try:
-                    await self._linger(queue)
-                except BaseException:
-                    queue.slots.release()
-                    raise
-                batch = queue.waiting[: self._max_batch]
-                del queue.waiting[: self._max_batch]
-                queue.last_batch = max(1, len(batch))
-                task = asyncio.get_running_loop().create_task(self._commit_one(queue, batch))
-                queue.running.add(task)  # a commit under way ends, whatever its committer does
-                task.add_done_callback(queue.running.discard)
+            while True:
+                while queue.waiting:
+                    await self._take_batch(queue)
+                if self._idle is None:
+                    return
+                if not await self._quiet(queue):
+                    continue  # someone came back: commit for them first
+                with contextlib.suppress(Exception):  # it must not raise (see the module)
+                    await self._idle()
+                if not queue.waiting:
+                    return
         except asyncio.CancelledError:
             stopped = CommitStopped(f"{self._name}: stopped before the commit")
             for _, outcome in queue.waiting:
                 _settle(outcome, stopped)
             queue.waiting.clear()
             raise
+
+    async def _take_batch(self, queue: _Queue[T, R]) -> None:
+        """Start the commit of the next batch once a slot is free."""
+        await queue.slots.acquire()
+        try:
+            await self._linger(queue)
+        except BaseException:
+            queue.slots.release()
+            raise
+        batch = queue.waiting[: self._max_batch]
+        del queue.waiting[: self._max_batch]
+        queue.last_batch = max(1, len(batch))
+        task = asyncio.get_running_loop().create_task(self._commit_one(queue, batch))
+        queue.running.add(task)  # a commit under way ends, whatever its committer does
+        task.add_done_callback(queue.running.discard)
+
+    async def _quiet(self, queue: _Queue[T, R]) -> bool:
+        """Wait for the commits under way, then one turn of the loop; whether nobody waits."""
+        while queue.running and not queue.waiting:
+            await asyncio.wait(set(queue.running))
+        await asyncio.sleep(0)  # the callers just answered come back now, if they are coming
+        return not queue.waiting
 
     async def _commit_one(
         self, queue: _Queue[T, R], batch: list[tuple[T, asyncio.Future[R]]]

@@ -23,7 +23,7 @@ import pytest
 
 from bothy.engine.audit import GENESIS_HASH, AuditLog, AuditRecord, Fault
 from bothy.engine.auditevents import EVENTS
-from bothy.errors import AuditIntegrityError
+from bothy.errors import AuditIntegrityError, StateError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXED_TS = datetime(2026, 9, 24, 10, 14, 2, 118734, tzinfo=UTC)
@@ -597,3 +597,76 @@ async def test_concurrent_writers_of_every_kind_keep_one_chain_in_seq_order(
     for name in writers:
         assert [r.details["i"] for r in records if r.subject == f"writer:{name}"] == list(
             range(per_writer))
+
+
+async def test_a_failed_fsync_fails_every_record_of_its_commit_and_anchors_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sixteen coroutines sharing a commit whose fsync fails all hear the disk's error, naming
+    their records; none is anchored as the head; once the disk is back the next record is
+    anchored and the register verifies."""
+    from tests.fakes.shell import until
+
+    log = AuditLog(tmp_path / "state" / "audit.jsonl", events=_FORMAT_EVENTS)
+    before = await log.record("test", "written", "ok", subject="writer:before")
+    await until(lambda: log.anchored_head() == (before.seq, before.hash), "first head anchored")
+    trigger = tmp_path / "fsync-fails"
+    trigger.write_text(str(log.path))  # the register's fsync fails, nothing else's
+    monkeypatch.setenv("BOTHY_FAULT_FSYNC", str(trigger))
+
+    failed = await asyncio.gather(
+        *(log.record("test", "written", "ok", subject=f"writer:{n}") for n in range(16)),
+        return_exceptions=True)
+
+    assert all(isinstance(f, StateError) for f in failed), failed
+    assert {str(f) for f in failed} == {
+        f"Cannot append records 0002–0017 to audit log {log.path}: Input/output error"
+        " (fault injected by BOTHY_FAULT_FSYNC)"}
+    assert log.anchored_head() == (before.seq, before.hash)
+    trigger.unlink()
+    after = await log.record("test", "written", "ok", subject="writer:after")
+    await until(lambda: log.anchored_head() == (after.seq, after.hash), "head anchored again")
+    assert log.verify().ok
+
+
+async def test_the_head_is_anchored_once_a_burst_of_writers_is_done(tmp_path: Path) -> None:
+    """Under load the checkpoint and the index are kept once per run of commits, not after
+    each: once sixteen writers' 200 records each have returned, the anchored head (what the
+    status pages and `bothy audit head` show) reaches the last record, and each writer's
+    records read through the index are those a scan of the register finds."""
+    from tests.fakes.shell import until
+
+    log = AuditLog(tmp_path / "state" / "audit.jsonl", events=_FORMAT_EVENTS)
+
+    async def writer(n: int) -> list[AuditRecord]:
+        return [await log.record("test", "written", "ok", subject=f"writer:{n}",
+                                 run_id=f"run_{n}", details={"i": i}) for i in range(200)]
+
+    returned = await asyncio.gather(*(writer(n) for n in range(16)))
+
+    last = max((r for mine in returned for r in mine), key=lambda r: r.seq)
+    assert last.seq == 16 * 200
+    await until(lambda: log.anchored_head() == (last.seq, last.hash), "head anchored")
+    scanned = list(log.records())
+    for n, mine in enumerate(returned):
+        assert log.index.records(f"run_{n}") == mine == [r for r in scanned
+                                                        if r.run_id == f"run_{n}"]
+
+
+@pytest.mark.parametrize("details", [
+    {}, {"b": "x", "a": True, "c": None, "d": False, "e": -12, "f": 10**30},
+    {"é": "ü\n\x00\"\\€😀"}, {"a": 1.5}, {"a": [1, {"z": 1, "y": 2}]}, {"b": {"d": 1, "c": 2}},
+])
+def test_details_are_stored_in_one_canonical_form_whatever_their_shape(
+    tmp_path: Path, details: dict[str, object]
+) -> None:
+    """Plain and nested details alike: the line holds them keys sorted, compact, ASCII, and
+    the record returned holds what the line holds."""
+    log = AuditLog(tmp_path / "audit.jsonl", events=_FORMAT_EVENTS)
+
+    record = log.append("test", "written", "ok", details=details)
+
+    [line] = _read_lines(log)
+    canonical = json.dumps(details, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    assert b'"details":' + canonical.encode() + b',"prev"' in line
+    assert record.details == json.loads(canonical) == details

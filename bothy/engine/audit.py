@@ -3,7 +3,10 @@
 This module is the writer (and the reader of the file): :class:`AuditLog`. One record and its
 canonical line — the bytes the hash covers — are :mod:`bothy.engine.auditrecord`; checking a
 whole chain is :mod:`bothy.engine.auditchain`; the human form is :mod:`bothy.engine.auditformat`;
-which kinds of record exist is :mod:`bothy.engine.auditevents`, enforced on every append.
+which kinds of record exist is :mod:`bothy.engine.auditevents`, enforced on every append. The
+file itself (its lock, its last record) is :mod:`bothy.engine.auditfile`, the checkpoint
+:mod:`bothy.engine.auditcheckpoint`, the segments of a repaired register
+:mod:`bothy.engine.auditsegments`.
 
 Writers in several processes take an exclusive ``flock`` on ``<path>.lock`` for each commit;
 the records are written in one ``write`` and fsynced before ``append`` (or ``record``)
@@ -12,7 +15,8 @@ one: one write, one fsync, seq in the order they were submitted (:mod:`bothy.gro
 
 Nothing is appended to a broken chain. A process's first append verifies the chain from the
 *checkpoint* kept beside the register (``<path>.checkpoint``: the file's identity, the offset
-and seq and hash of its last record, rewritten after each append), so ``bothy run`` reads only
+and seq and hash of its last record, rewritten once appends are durable: see
+:mod:`bothy.engine.auditwriter`), so ``bothy run`` reads only
 what other processes appended since; without a checkpoint that still describes the file, the
 whole chain is verified. ``bothy serve``, ``audit verify`` and ``doctor`` always verify the
 whole chain (:meth:`AuditLog.verify`).
@@ -27,45 +31,43 @@ and every verdict after a repair says where it was repaired.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
-import hashlib
-import io
 import json
 import os
-import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bothy.engine.auditchain import Fault, VerifyReport, verify_lines
+from bothy.engine.auditchain import Fault, VerifyReport
+from bothy.engine.auditcheckpoint import against_anchor, read_checkpoint, remove_checkpoint
 from bothy.engine.auditevents import EVENTS, EventTable
+from bothy.engine.auditfile import exclusive_lock
 from bothy.engine.auditindex import RunIndex
 from bothy.engine.auditrecord import (
     GENESIS_HASH,
     AuditRecord,
-    body_of,
     canonical_details_json,
-    format_ts,
+    flat_details,
     parse_line,
-    serialise_body,
-    with_hash,
 )
-from bothy.errors import AuditIntegrityError, StateError
-from bothy.fsync import fsync, fsync_directory
+from bothy.engine.auditsegments import (
+    REPAIR_EVENT,
+    REPAIR_KIND,
+    file_lines,
+    segments_of,
+    verify_file,
+)
+from bothy.engine.auditwriter import AuditWriter, Entry
+from bothy.errors import AuditIntegrityError
+from bothy.fsync import fsync_directory
 from bothy.groupcommit import GroupCommit
 
 __all__ = ["GENESIS_HASH", "AuditLog", "AuditRecord", "Fault", "Repair", "VerifyReport"]
 
-_TAIL_CHUNK_BYTES = 4096
-_MAX_SEGMENTS = 1000  # links followed back through repaired segments before giving up
-REPAIR_KIND, REPAIR_EVENT = "audit", "repaired"
-_FILE_MODE = 0o600
-_DIR_MODE = 0o700
 _RECORDS_PER_COMMIT = 512  # a few hundred KB in one write
-_CHECKPOINT_BYTES = 256  # the checkpoint's fixed width (its JSON is about 170 bytes)
+_WELL_FORMED: set[str] = set()  # tokens found well-formed (whether one is depends on it alone)
+_WELL_FORMED_MAX = 4096
 
 
 class AuditLog:
@@ -87,12 +89,11 @@ class AuditLog:
         self._lock_path = path.with_name(path.name + ".lock")
         self.checkpoint_path = path.with_name(path.name + ".checkpoint")
         self._clock = clock or _utc_now
-        self._thread_lock = threading.Lock()
         self.index = RunIndex(path)  # by run id, kept at one hook after each durable write
-        # Tail cached between appends; trusted only while the file is the one it describes.
-        self._tail: _Tail | None = None
-        self._group: GroupCommit[_Entry, AuditRecord] = GroupCommit(
-            self._commit_in_thread, max_batch=_RECORDS_PER_COMMIT, name="audit-commit")
+        self._writer = AuditWriter(path, clock=self._clock, index=self.index)
+        self._group: GroupCommit[Entry, AuditRecord] = GroupCommit(
+            self._commit_in_thread, max_batch=_RECORDS_PER_COMMIT, name="audit-commit",
+            idle=self._settle_in_thread)
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -114,7 +115,7 @@ class AuditLog:
         is never extended), StateError if the file cannot be written.
         """
         entry = self._entry(kind, event, outcome, subject, run_id, details)
-        [record] = self._commit([entry])
+        [record] = self._writer.commit([entry], settle=True)
         return record
 
     async def record(
@@ -144,157 +145,27 @@ class AuditLog:
         subject: str | None,
         run_id: str | None,
         details: Mapping[str, Any] | None,
-    ) -> _Entry:
+    ) -> Entry:
         """The caller's half of an append: every check that does not need the file."""
-        for name, value in (("kind", kind), ("event", event), ("outcome", outcome)):
-            _check_token(name, value)
-        for name, optional in (("subject", subject), ("run_id", run_id)):
-            if optional is not None:
-                _check_token(name, optional)
+        _check_token("kind", kind)
+        _check_token("event", event)
+        _check_token("outcome", outcome)
+        if subject is not None:
+            _check_token("subject", subject)
+        if run_id is not None:
+            _check_token("run_id", run_id)
         self._events.check(kind, event)
         copied, text = _canonical_details(details)
-        return _Entry(kind, event, outcome, subject, run_id, copied, text)
+        return Entry(kind, event, outcome, subject, run_id, copied, text)
 
-    async def _commit_in_thread(self, entries: list[_Entry]) -> list[AuditRecord]:
-        return await asyncio.to_thread(self._commit, entries)
+    async def _commit_in_thread(self, entries: list[Entry]) -> list[AuditRecord]:
+        # A record alone settles at once, as a blocking append does (a process that writes
+        # one and exits leaves nothing pending); a burst leaves it to the idle hook.
+        return await asyncio.to_thread(self._writer.commit, entries, settle=len(entries) == 1)
 
-    def _commit(self, entries: list[_Entry]) -> list[AuditRecord]:
-        """Append ``entries`` in order, in one write and one fsync, under both locks."""
-        try:
-            created_dirs = _make_parent_dirs(self.path.parent)
-        except OSError as exc:
-            raise StateError(f"Cannot create the directory of {self.path}: {exc}") from exc
-        with self._thread_lock, _exclusive_lock(self._lock_path):
-            records = self._append_locked(entries)
-            if records[0].seq == 1 or created_dirs:
-                # Inside the lock, so no other writer acknowledges a record in a file whose
-                # name is not yet durable.
-                _fsync_new_entries(self.path, created_dirs)
-        return records
-
-    def _append_locked(
-        self, entries: list[_Entry], *, after: tuple[int, str] | None = None
-    ) -> list[AuditRecord]:
-        """Chain ``entries`` after the last record (or ``after``: the (seq, hash) a new
-        segment's first record follows, for a repair), write them at once, fsync."""
-        try:
-            fd = _open_for_append(self.path)
-        except OSError as exc:
-            raise StateError(f"Cannot open audit log {self.path}: {exc.strerror}") from exc
-        try:
-            if after is None:
-                tail = self._current_tail(fd)
-            else:
-                tail = _Tail(identity=_identity(os.fstat(fd)), seq=after[0], hash=after[1])
-            records, lines = self._chained(entries, tail)
-            self._write_durably(fd, b"".join(lines), records[0].seq, records[-1].seq)
-            written = os.fstat(fd)
-            self._tail = _Tail(identity=_identity(written), seq=records[-1].seq,
-                               hash=records[-1].hash)
-            self._durable(records, lines, written)
-        finally:
-            os.close(fd)
-        return records
-
-    def _chained(
-        self, entries: list[_Entry], tail: _Tail
-    ) -> tuple[list[AuditRecord], list[bytes]]:
-        """Seq and hash for each entry, in order: each record links to the one before it."""
-        records: list[AuditRecord] = []
-        lines: list[bytes] = []
-        seq, prev = tail.seq, tail.hash
-        for entry in entries:
-            seq += 1
-            ts = self._now()
-            body = serialise_body(
-                seq=seq, ts=format_ts(ts), kind=entry.kind, event=entry.event,
-                outcome=entry.outcome, subject=entry.subject, run_id=entry.run_id,
-                details=entry.details, prev=prev, details_json=entry.details_json,
-            )
-            digest = hashlib.sha256(body).hexdigest()
-            lines.append(with_hash(body, digest) + b"\n")
-            records.append(AuditRecord(
-                seq=seq, ts=ts, kind=entry.kind, event=entry.event, outcome=entry.outcome,
-                subject=entry.subject, run_id=entry.run_id, details=entry.details, prev=prev,
-                hash=digest,
-            ))
-            prev = digest
-        return records, lines
-
-    def _durable(
-        self, records: list[AuditRecord], lines: list[bytes], written: os.stat_result
-    ) -> None:
-        """The one step that sees records once they are on disk, before any caller hears of
-        them: the checkpoint (the head anchored), and the index by run id (its one hook,
-        which never raises), so that neither is ever ahead of the file."""
-        last = records[-1]
-        _write_checkpoint(self.checkpoint_path, written, last.seq, last.hash)
-        offset = written.st_size - sum(len(line) for line in lines)
-        placed = []
-        for record, line in zip(records, lines, strict=True):
-            placed.append((offset, record))
-            offset += len(line)
-        self.index.note(written, placed)
-
-    def _now(self) -> datetime:
-        ts = self._clock()
-        if ts.tzinfo is None or ts.utcoffset() is None:
-            raise ValueError(f"The audit clock returned a naive datetime: {ts!r}")
-        return ts.astimezone(UTC)
-
-    def _current_tail(self, fd: int) -> _Tail:
-        """The last record's seq and hash, from the cache if the file has not moved since."""
-        st = os.fstat(fd)
-        cached = self._tail
-        if cached is not None and cached.identity == _identity(st):
-            return cached
-        self._tail = None
-        seq, digest = self._verified_tail(fd, st)
-        return _Tail(identity=_identity(st), seq=seq, hash=digest)
-
-    def _verified_tail(self, fd: int, st: os.stat_result) -> tuple[int, str]:
-        """The last record's seq and hash, once the chain up to it verifies (under the lock).
-
-        From the checkpoint when it still describes this file (same file, its record still
-        at its offset): only what was appended since is read. Otherwise the whole chain.
-        """
-        seq, digest = _read_tail(fd, st.st_size, self.path)  # a broken last line, named first
-        point = _read_checkpoint(self.checkpoint_path)
-        report: VerifyReport | None = None
-        if point is not None and point.describes(fd, st):
-            report = verify_lines(
-                lambda: _lines_from(fd, point.offset, st.st_size),
-                start_seq=point.seq, start_hash=point.hash,
-            )
-        if report is None or not report.ok:
-            report = _against_anchor(self._verify_segments(settle=False), point,
-                                     self.checkpoint_path)
-        if not report.ok:
-            raise AuditIntegrityError(
-                f"Refusing to append to audit log {self.path}: the chain is broken: "
-                f"{report.problem}; run 'bothy audit verify', then 'bothy audit repair'",
-                seq=report.first_bad_seq, line_no=report.line_no,
-            )
-        return seq, digest
-
-    def _write_durably(self, fd: int, data: bytes, first_seq: int, last_seq: int) -> None:
-        size_before = os.fstat(fd).st_size
-        try:
-            written = os.write(fd, data)
-            if written != len(data):
-                # Take the partial lines back rather than leave a truncated record behind.
-                os.ftruncate(fd, size_before)
-                raise OSError(0, f"short write ({written} of {len(data)} bytes)")
-            fsync(fd)
-        except OSError as exc:
-            # After a failed fsync the lines may or may not reach the disk; the chain stays
-            # intact either way, and the callers must treat the events as not recorded.
-            self._tail = None
-            what = (f"record {first_seq:04d}" if first_seq == last_seq
-                    else f"records {first_seq:04d}–{last_seq:04d}")
-            raise StateError(
-                f"Cannot append {what} to audit log {self.path}: {exc.strerror or exc}"
-            ) from exc
+    async def _settle_in_thread(self) -> None:
+        """The group commit's idle hook: the durable step its commits left pending."""
+        await asyncio.to_thread(self._writer.settle)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -315,7 +186,7 @@ class AuditLog:
         self, path: Path, stop_after: int | None, run_id: str | None, since: datetime | None
     ) -> Iterator[AuditRecord]:
         last_seq = 0
-        for line_no, raw in _file_lines(path, self._lock_path):
+        for line_no, raw in file_lines(path, self._lock_path):
             if stop_after is not None and last_seq >= stop_after:
                 return  # the rest of a kept segment was set aside by the repair
             if not raw.endswith(b"\n"):
@@ -343,7 +214,7 @@ class AuditLog:
         verifies, but never as if nothing had happened.
         """
         report = self._verify_segments(settle=True)
-        return _against_anchor(report, _read_checkpoint(self.checkpoint_path),
+        return against_anchor(report, read_checkpoint(self.checkpoint_path),
                                self.checkpoint_path)
 
     def anchored_head(self) -> tuple[int, str] | None:
@@ -351,7 +222,7 @@ class AuditLog:
         chain up to it (the checkpoint), while the checkpoint still describes the register;
         None otherwise. Cheap: a short read at the checkpoint's offset, no walk of the chain
         (the status pages show it on every load)."""
-        point = _read_checkpoint(self.checkpoint_path)
+        point = read_checkpoint(self.checkpoint_path)
         if point is None:
             return None
         try:
@@ -364,7 +235,7 @@ class AuditLog:
             os.close(fd)
 
     def _verify_segments(self, *, settle: bool) -> VerifyReport:
-        return _verify_file(self.path, self._lock_path if settle else None, None, 0)
+        return verify_file(self.path, self._lock_path if settle else None, None, 0)
 
     def segments(self) -> list[tuple[Path, int | None]]:
         """The register's files oldest first, each with the last seq of it that counts (a
@@ -372,20 +243,7 @@ class AuditLog:
         return self._segments()
 
     def _segments(self) -> list[tuple[Path, int | None]]:
-        """The register's files oldest first, each with the last seq of it that counts."""
-        chain: list[tuple[Path, int | None]] = []
-        path, stop_after = self.path, None
-        for _ in range(_MAX_SEGMENTS):
-            link = _repair_link(path)
-            # A kept file counts up to its last good record; an older segment it links to
-            # up to that segment's own last good record, or less if the repair came earlier.
-            chain.append((path, stop_after))
-            if link is None:
-                break
-            path = link.kept
-            stop_after = link.seq if stop_after is None else min(link.seq, stop_after)
-        chain.reverse()
-        return chain
+        return segments_of(self.path)
 
     # -- repairing ---------------------------------------------------------------------------
 
@@ -395,21 +253,23 @@ class AuditLog:
 
         The caller makes sure no ``bothy serve`` runs; other writers wait on the lock.
         """
-        with self._thread_lock, _exclusive_lock(self._lock_path):
+        with self._writer.thread_lock, exclusive_lock(self._lock_path):
+            self._writer.settle_locked()
             report = self._verify_segments(settle=False)
             if report.ok:
                 return None
-            stamp = self._now().strftime("%Y%m%dT%H%M%S.%fZ")
+            stamp = self._writer.now().strftime("%Y%m%dT%H%M%S.%fZ")
             kept = self.path.with_name(f"{self.path.name}.broken-{stamp}")
             os.rename(self.path, kept)  # the broken file itself, byte for byte
             fsync_directory(self.path.parent)
-            _remove_checkpoint(self.checkpoint_path)
+            remove_checkpoint(self.checkpoint_path)
+            self._writer.forget_pending()
             details = {"kept": kept.name, "last_good_seq": report.last_seq,
                        "last_good_hash": report.last_hash, "problem": report.problem}
-            [record] = self._append_locked(
-                [_Entry(REPAIR_KIND, REPAIR_EVENT, "ok", None, None, *_canonical_details(details))],
+            [record] = self._writer.append_locked(
+                [Entry(REPAIR_KIND, REPAIR_EVENT, "ok", None, None, *_canonical_details(details))],
                 after=(report.last_seq, report.last_hash))
-            _fsync_new_entries(self.path, [])
+            self._writer.settle_locked()
         return Repair(kept=kept, record=record, problem=report.problem)
 
 
@@ -422,181 +282,19 @@ class Repair:
     problem: str
 
 
-# -- segments --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Link:
-    kept: Path
-    seq: int
-    hash: str
-
-
-def _repair_link(path: Path) -> _Link | None:
-    """The earlier segment a file's first record names, if that record is a repair."""
-    try:
-        with path.open("rb") as f:
-            first = f.readline()
-    except OSError:
-        return None
-    parsed = parse_line(first.rstrip(b"\n"))
-    if isinstance(parsed, str) or (parsed.kind, parsed.event) != (REPAIR_KIND, REPAIR_EVENT):
-        return None
-    kept, seq, digest = (parsed.details.get(k) for k in ("kept", "last_good_seq",
-                                                            "last_good_hash"))
-    if not isinstance(kept, str) or "/" in kept or not isinstance(seq, int) \
-            or not isinstance(digest, str):
-        return None
-    return _Link(kept=path.with_name(kept), seq=seq, hash=digest)
-
-
-def _verify_file(
-    path: Path, lock_path: Path | None, stop_after: int | None, depth: int
-) -> VerifyReport:
-    """Verify ``path`` (up to ``stop_after``), first the segments its repair record links to."""
-    link = _repair_link(path) if depth < _MAX_SEGMENTS else None
-    if link is None:
-        return verify_lines(lambda: _file_lines(path, lock_path), stop_after=stop_after)
-    if stop_after is not None and stop_after <= link.seq:
-        # The part of this file that counts lies wholly in the earlier segment.
-        return _verify_file(link.kept, None, stop_after, depth + 1)
-    earlier = _verify_file(link.kept, None, link.seq, depth + 1)
-    if not earlier.ok or (earlier.last_seq, earlier.last_hash) != (link.seq, link.hash):
-        problem = (earlier.problem if not earlier.ok else
-                   f"the kept segment {link.kept.name} no longer ends its good part at record "
-                   f"{link.seq:04d} with the hash the repair recorded")
-        return VerifyReport(ok=False, count=earlier.count, first_bad_seq=earlier.first_bad_seq,
-                            line_no=earlier.line_no, problem=problem,
-                            fault=earlier.fault or Fault.ALTERED, last_seq=earlier.last_seq,
-                            last_hash=earlier.last_hash, repaired_at=earlier.repaired_at)
-    here = verify_lines(lambda: _file_lines(path, lock_path), start_seq=link.seq,
-                        start_hash=link.hash, stop_after=stop_after)
-    return VerifyReport(ok=here.ok, count=earlier.count + here.count,
-                        first_bad_seq=here.first_bad_seq, line_no=here.line_no,
-                        problem=here.problem, fault=here.fault, last_seq=here.last_seq,
-                        last_hash=here.last_hash,
-                        repaired_at=(*earlier.repaired_at, link.seq + 1))
-
-
-def _file_lines(path: Path, lock_path: Path | None) -> Iterator[tuple[int, bytes]]:
-    """Numbered lines, as far as the file reached when no writer was mid-append.
-
-    With ``lock_path``, reading stops at the size seen under the writers' lock, so an append
-    in progress is never mistaken for a truncated record (without it: the caller holds it).
-    """
-    try:
-        f = path.open("rb")
-    except FileNotFoundError:
-        return
-    with f:
-        size = (_settled_size(lock_path, f.fileno()) if lock_path is not None
-                else os.fstat(f.fileno()).st_size)
-        offset = 0
-        for line_no, line in enumerate(f, start=1):
-            if offset + len(line) > size:
-                if offset < size:
-                    yield line_no, line[: size - offset]
-                return
-            offset += len(line)
-            yield line_no, line
-
-
-def _lines_from(fd: int, offset: int, size: int) -> Iterator[tuple[int, bytes]]:
-    """The lines between ``offset`` and ``size`` (line numbers count from the offset)."""
-    data = os.pread(fd, size - offset, offset) if size > offset else b""
-    yield from enumerate(io.BytesIO(data), start=1)
-
-
-# -- the checkpoint --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Checkpoint:
-    dev: int
-    ino: int
-    offset: int
-    seq: int
-    hash: str
-
-    def describes(self, fd: int, st: os.stat_result) -> bool:
-        """Same file, at least as long, and the record ending at the offset still ours."""
-        if (self.dev, self.ino) != (st.st_dev, st.st_ino) or not 0 < self.offset <= st.st_size:
-            return False
-        if os.pread(fd, 1, self.offset - 1) != b"\n":
-            return False
-        line = _last_line(fd, self.offset)
-        parsed = parse_line(line)
-        return (not isinstance(parsed, str) and parsed.seq == self.seq
-                and parsed.hash == self.hash
-                and hashlib.sha256(body_of(line)).hexdigest() == self.hash)
-
-
-def _against_anchor(
-    report: VerifyReport, point: _Checkpoint | None, where: Path
-) -> VerifyReport:
-    """A chain that verifies but ends before the head anchored in state lost its last records
-    (cut back to a record boundary, or replaced by an older copy)."""
-    if not report.ok or point is None or point.seq <= report.last_seq:
-        return report
-    first, last = report.last_seq + 1, point.seq
-    what = (f"record {first:04d} is missing" if first == last
-            else f"records {first:04d}–{last:04d} are missing")
-    return replace(report, ok=False, fault=Fault.MISSING, first_bad_seq=first, problem=(
-        f"{what} from the end: the register stops at {report.last_seq:04d} but its head "
-        f"anchored in {where.name} is {last:04d}"))
-
-
-def _read_checkpoint(path: Path) -> _Checkpoint | None:
-    """The checkpoint, or None when absent or unreadable (then the whole chain is verified)."""
-    try:
-        data = json.loads(path.read_bytes())
-        point = _Checkpoint(dev=data["dev"], ino=data["ino"], offset=data["offset"],
-                            seq=data["seq"], hash=data["hash"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not all(isinstance(v, int) for v in (point.dev, point.ino, point.offset, point.seq)):
-        return None
-    return point
-
-
-def _write_checkpoint(path: Path, st: os.stat_result, seq: int, digest: str) -> None:
-    """Rewrite the checkpoint in place (no fsync: one lost or behind only costs a longer
-    verify).
-
-    One ``pwrite`` of a fixed width over the old content, not a new file renamed into place:
-    on ext4 a rename over a file costs as much as the fsync it saves. A reader that meets a
-    half-written checkpoint cannot parse it and verifies the whole chain instead.
-    """
-    data = json.dumps({"dev": st.st_dev, "ino": st.st_ino, "offset": st.st_size, "seq": seq,
-                       "hash": digest}).encode().ljust(_CHECKPOINT_BYTES)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
-    except OSError:
-        return  # the record is durable; without a checkpoint the next process verifies it all
-    try:
-        os.pwrite(fd, data, 0)
-        if os.fstat(fd).st_size > len(data):  # one written by an older Bothy, or longer
-            os.ftruncate(fd, len(data))
-    except OSError:
-        with contextlib.suppress(OSError):
-            path.unlink()  # rather none than a torn one
-    finally:
-        os.close(fd)
-
-
-def _remove_checkpoint(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-
-
 # -- input checks ----------------------------------------------------------------------------
 
 
 def _check_token(name: str, value: str) -> None:
+    if type(value) is str and value in _WELL_FORMED:
+        return  # seen before (kinds, events, a run's id and subject come back again and again)
     # isprintable() is False for every whitespace character except the plain space, and for
     # control characters (which could smuggle terminal escapes into the human form).
     if not isinstance(value, str) or not value or " " in value or not value.isprintable():
         raise ValueError(f"audit {name} must be a non-empty single token, got {value!r}")
+    if len(_WELL_FORMED) >= _WELL_FORMED_MAX:
+        _WELL_FORMED.clear()
+    _WELL_FORMED.add(value)
 
 
 def _canonical_details(details: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:
@@ -606,146 +304,15 @@ def _canonical_details(details: Mapping[str, Any] | None) -> tuple[dict[str, Any
         return {}, "{}"
     if not isinstance(details, Mapping):
         raise ValueError(f"audit details must be a JSON object, got {type(details).__name__}")
+    flat = flat_details(details)
+    if flat is not None:  # most records: text keys, plain values (a copy is the sorted dict)
+        return flat
     try:
         text = canonical_details_json(details)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"audit details must be JSON-serialisable: {exc}") from exc
     copied: dict[str, Any] = json.loads(text)
     return copied, text
-
-
-# -- files -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Entry:
-    """A record checked and waiting for its place in the chain (seq, ts, prev, hash)."""
-
-    kind: str
-    event: str
-    outcome: str
-    subject: str | None
-    run_id: str | None
-    details: dict[str, Any]
-    details_json: str
-
-
-@dataclass(frozen=True)
-class _Tail:
-    identity: tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
-    seq: int
-    hash: str
-
-
-def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _read_tail(fd: int, size: int, path: Path) -> tuple[int, str]:
-    """The seq and hash of the last record, reading backwards from the end of the file."""
-    if size == 0:
-        return 0, GENESIS_HASH
-    if os.pread(fd, 1, size - 1) != b"\n":
-        raise AuditIntegrityError(
-            f"Refusing to append to audit log {path}: its last record is truncated "
-            "(the file does not end with a newline); run 'bothy audit verify'"
-        )
-    line = _last_line(fd, size)
-    parsed = parse_line(line)
-    if isinstance(parsed, str):
-        raise AuditIntegrityError(
-            f"Refusing to append to audit log {path}: its last line {parsed}; "
-            "run 'bothy audit verify'"
-        )
-    if hashlib.sha256(body_of(line)).hexdigest() != parsed.hash:
-        raise AuditIntegrityError(
-            f"Refusing to append to audit log {path}: its last record {parsed.seq:04d} was "
-            "altered (its hash does not match its content); run 'bothy audit verify'",
-            seq=parsed.seq,
-        )
-    return parsed.seq, parsed.hash
-
-
-def _last_line(fd: int, size: int) -> bytes:
-    """The bytes of the final line (which ends at ``size - 1``), without its newline."""
-    end = size - 1
-    start = end
-    tail = b""  # always the file's bytes [start, end)
-    while start > 0:
-        read_from = max(0, start - _TAIL_CHUNK_BYTES)
-        tail = os.pread(fd, start - read_from, read_from) + tail
-        start = read_from
-        cut = tail.rfind(b"\n")
-        if cut != -1:
-            return tail[cut + 1 :]
-    return tail
-
-
-@contextlib.contextmanager
-def _exclusive_lock(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on the sidecar lock file: one writer at a time, any process.
-
-    The lock file is opened afresh each time, so a forked child never shares our lock.
-    """
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
-    except OSError as exc:
-        raise StateError(f"Cannot open audit lock {lock_path}: {exc.strerror}") from exc
-    try:
-        if os.fstat(fd).st_mode & 0o777 != _FILE_MODE:
-            os.fchmod(fd, _FILE_MODE)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the flock
-
-
-def _settled_size(lock_path: Path, fd: int) -> int:
-    """The file's size at a moment when no writer holds the lock (a record boundary)."""
-    try:
-        lock_fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:  # no lock file (never written here), or not ours to open: nobody to wait for
-        return os.fstat(fd).st_size
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_SH)
-        return os.fstat(fd).st_size
-    finally:
-        os.close(lock_fd)
-
-
-def _open_for_append(path: Path) -> int:
-    """Open for appending and reading the tail, creating the file mode 0600 if absent."""
-    flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, _FILE_MODE)
-    except FileExistsError:
-        return os.open(path, flags)
-    os.fchmod(fd, _FILE_MODE)  # exact mode, whatever the umask
-    return fd
-
-
-def _make_parent_dirs(directory: Path) -> list[Path]:
-    """Create missing directories mode 0700; returns those created (shallowest first)."""
-    missing: list[Path] = []
-    for candidate in (directory, *directory.parents):
-        if candidate.exists():
-            break
-        missing.append(candidate)
-    created: list[Path] = []
-    for new_dir in reversed(missing):
-        try:
-            new_dir.mkdir(mode=_DIR_MODE)
-        except FileExistsError:
-            continue
-        new_dir.chmod(_DIR_MODE)
-        created.append(new_dir)
-    return created
-
-
-def _fsync_new_entries(path: Path, created_dirs: list[Path]) -> None:
-    """Make new names durable: fsync of a file does not persist its directory entry."""
-    for directory in {path.parent, *(d.parent for d in created_dirs)}:
-        fsync_directory(directory)
 
 
 def _utc_now() -> datetime:

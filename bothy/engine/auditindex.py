@@ -13,7 +13,8 @@ or broken index it is skipped, and the index is merely behind.
 
 An index never decides truth, it only says where to look:
 
-- Behind (a skipped note, a crash between the fsync and the note): a reader indexes what was
+- Behind (a skipped note, a note the writer keeps pending during a burst of group commits,
+  a crash between the fsync and the note): a reader indexes what was
   appended after the point it covers, reading only those bytes.
 - Missing, stale (the point it covers is not in the register any more: a repair started a new
   segment, the file was replaced) or corrupt: it is rebuilt from the register, across segments.
