@@ -24,6 +24,7 @@ import enum
 import fcntl
 import json
 import os
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
 
 _LISTEN_HOST = "127.0.0.1"  # Tailscale (serve / funnel) carries outside traffic to loopback
 _STOP_WAIT_S = 30.0
+_SWITCH_INTERVAL_S = 0.0005  # see Daemon.serve
 
 
 class State(enum.StrEnum):
@@ -99,6 +101,11 @@ class Daemon:
     async def serve(self) -> int:
         """Run until a stop signal; return the exit code of a clean stop."""
         _check_secrets(self._cfg)
+        # Threads that finish an fsync (the inbox's segment, the register, SQLite's commit)
+        # wait for the GIL before their caller can be answered; at Python's default 5 ms
+        # switch interval, behind an event loop busy taking requests, that wait was most of
+        # a group commit's time (bench_webhooks). The daemon's threads are all I/O.
+        sys.setswitchinterval(_SWITCH_INTERVAL_S)
         self._home.ensure()
         with _single_instance(self._home.state_dir / "serve.lock"):
             async with Runtime.open(self._home, self._cfg) as rt:

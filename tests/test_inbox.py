@@ -385,6 +385,33 @@ async def test_finished_wakes_are_pruned_so_the_inbox_stays_bounded_however_long
     assert min(r.received_us for r in await _rows(db)) >= to_us(T0 + timedelta(days=59 - 8))
 
 
+async def test_a_prune_the_state_database_refuses_is_an_inbox_error_and_the_next_finishes_it(
+    tmp_path: Path, db: StateDB
+) -> None:
+    """A prune whose rows cannot be deleted (the database refuses) says so as InboxError, the
+    caller's to log (`bothy serve` tries again in an hour); the next one forgets those rows,
+    although their segment went the first time."""
+    clock = _Clock()
+    first = Inbox(tmp_path / "inbox", db, clock=clock, audit=_audit(tmp_path))
+    done = await first.accept(_delivery("old:h"))
+    assert isinstance(done, Accepted) and await first.claim(done.wake_id)
+    await first.finish(done.wake_id, "done", run_id=None, note=None)
+    clock.now = T0 + timedelta(days=8)
+    inbox = Inbox(tmp_path / "inbox", db, clock=clock, audit=_audit(tmp_path))
+    await inbox.accept(_delivery("new:h", received_at=clock.now))
+    await db.execute("CREATE TRIGGER refuse BEFORE DELETE ON wakes"
+                     " BEGIN SELECT RAISE(ABORT, 'the disk is full'); END")
+
+    with pytest.raises(InboxError, match="the disk is full"):
+        await inbox.prune(to_us(clock.now) - 7 * DAY_US)
+    await db.execute("DROP TRIGGER refuse")
+    pruned = await inbox.prune(to_us(clock.now) - 7 * DAY_US)
+
+    assert pruned == 1
+    assert [r.key for r in await _rows(db)] == ["new:h"]
+    assert _names(inbox) == ["wakes-000002.seg"]
+
+
 async def test_a_delivery_refused_503_after_its_wake_ignored_is_recorded_once_when_retried(
     tmp_path: Path, db: StateDB
 ) -> None:

@@ -373,23 +373,25 @@ class Inbox:
             raise InboxError(f"Wake payload {where} is damaged: {exc}") from exc
 
     async def claim(self, wake_id: int) -> bool:
-        """Take a queued wake (queued → running); False if it was not queued (someone has it)."""
-        async with self._db.transaction():
-            changed = await self._db.execute(
-                "UPDATE wakes SET status = 'running', run_id = NULL"
-                " WHERE id = ? AND status = 'queued'",
-                (wake_id,),
-            )
-        return changed == 1
+        """Take a queued wake (queued → running); False if it was not queued (someone has it).
+
+        Each change of a wake's row here is one statement, its own transaction (``atomic``):
+        one round trip to the database, so that intake's rows wait less behind it.
+        """
+        changed = await self._db.atomic(
+            "UPDATE wakes SET status = 'running', run_id = NULL"
+            " WHERE id = ? AND status = 'queued' RETURNING id",
+            (wake_id,),
+        )
+        return len(changed) == 1
 
     async def set_run(self, wake_id: int, run_id: str) -> None:
         """Record the run minted for a running wake, before the run is admitted."""
-        async with self._db.transaction():
-            changed = await self._db.execute(
-                "UPDATE wakes SET run_id = ? WHERE id = ? AND status = 'running'",
-                (run_id, wake_id),
-            )
-        if changed != 1:
+        changed = await self._db.atomic(
+            "UPDATE wakes SET run_id = ? WHERE id = ? AND status = 'running' RETURNING id",
+            (run_id, wake_id),
+        )
+        if len(changed) != 1:
             raise InboxError(f"Cannot record run {run_id} for wake {wake_id}: it is not running")
 
     async def finish(
@@ -401,13 +403,12 @@ class Inbox:
         """
         if status not in FINISHED:
             raise ValueError(f"a wake finishes as one of {', '.join(FINISHED)}, not {status!r}")
-        async with self._db.transaction():
-            changed = await self._db.execute(
-                "UPDATE wakes SET status = ?, run_id = COALESCE(?, run_id), note = ?,"
-                " finished_us = ? WHERE id = ? AND status IN ('queued', 'running')",
-                (status, run_id, note, to_us(self._clock()), wake_id),
-            )
-        if changed != 1:
+        changed = await self._db.atomic(
+            "UPDATE wakes SET status = ?, run_id = COALESCE(?, run_id), note = ?,"
+            " finished_us = ? WHERE id = ? AND status IN ('queued', 'running') RETURNING id",
+            (status, run_id, note, to_us(self._clock()), wake_id),
+        )
+        if len(changed) != 1:
             raise InboxError(f"Cannot finish wake {wake_id} as {status}: it is not queued or"
                              " running")
 
@@ -417,15 +418,14 @@ class Inbox:
         The run id is cleared: the next attempt mints its own, and a crash before it does
         must not be mistaken for a run under way.
         """
-        async with self._db.transaction():
-            row = await self._db.fetch_one(
-                "UPDATE wakes SET status = 'queued', attempts = attempts + 1, next_try_us = ?,"
-                " note = ?, run_id = NULL WHERE id = ? AND status = 'running' RETURNING attempts",
-                (next_try_us, note, wake_id),
-            )
-        if row is None:
+        rows = await self._db.atomic(
+            "UPDATE wakes SET status = 'queued', attempts = attempts + 1, next_try_us = ?,"
+            " note = ?, run_id = NULL WHERE id = ? AND status = 'running' RETURNING attempts",
+            (next_try_us, note, wake_id),
+        )
+        if not rows:
             raise InboxError(f"Cannot retry wake {wake_id} later: it is not running")
-        return int(row[0])
+        return int(rows[0][0])
 
     async def in_flight(self) -> list[WakeRow]:
         """Wakes marked running: after a crash, those a dead daemon had taken."""

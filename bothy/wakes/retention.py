@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -70,11 +71,18 @@ class Retention:
 
     async def prune(self, older_than_us: int) -> int:
         """Forget finished wakes received before ``older_than_us``, payloads first, then rows
-        (see the module docstring); returns how many wakes.
+        (see the module docstring); returns how many wakes. InboxError if the disk or the
+        state database refuses (what was not removed stays, to be pruned next time).
 
         The caller makes sure no batch is between its segment append and its rows meanwhile
         (:meth:`bothy.wakes.inbox.Inbox.prune`): a segment is judged by its rows.
         """
+        try:
+            return await self._prune(older_than_us)
+        except sqlite3.Error as exc:
+            raise InboxError(f"Cannot forget old wakes in the state database: {exc}") from exc
+
+    async def _prune(self, older_than_us: int) -> int:
         marks = ",".join("?" for _ in FINISHED)
         files = await self._db.fetch_all(
             f"SELECT id, file FROM wakes WHERE payload_at IS NULL AND status IN ({marks})"
@@ -107,8 +115,10 @@ class Retention:
         return forgotten
 
     def _prune_segments(self, indexed: dict[str, bool], older_than_us: int) -> list[str]:
-        """Remove the segments that may go; return their names."""
-        gone = [name for name in self._segments.names() if name != self._segments.current
+        """Remove the segments that may go; return their names, with those of segments
+        already gone whose rows may go (a prune that failed between the two)."""
+        present = self._segments.names()
+        gone = [name for name in present if name != self._segments.current
                 and indexed.get(name, self._segments.mtime_us(name) < older_than_us)]
         self._segments.remove(gone)
-        return gone
+        return gone + [name for name, old in indexed.items() if old and name not in present]
