@@ -49,6 +49,11 @@ EnvNames = Annotated[list[str], AfterValidator(_env_names)]
 
 
 class _Section(BaseModel):
+    """A part of the configuration. An empty ``{}`` or ``[]`` default is written as a value,
+    not ``default_factory=dict``: pydantic copies such a default for every instance all the
+    same, and asks a factory for its signature when it builds the schema, which for a builtin
+    means parsing its text signature (~20 ms of every command's start, issue 18)."""
+
     # defer_build: a model's validator is built when it first validates, not when this module
     # is imported; Config's one validation then builds what it needs once, rather than every
     # section building its own at import and again inside Config's (an eighth of importing
@@ -82,7 +87,7 @@ class BudgetConfig(_Section):
     mode: Literal["api", "plan"] = "api"
     per_run_usd: Decimal = Field(gt=0)
     per_day_usd: Decimal = Field(gt=0)
-    prices: dict[str, Price] = Field(default_factory=dict)
+    prices: dict[str, Price] = Field(default={})
     timezone: str = "UTC"
     reservation_expiry_s: int = Field(default=3600, ge=60, le=7 * 86400)
     plan_ceiling_percent: int = Field(default=85, gt=0, le=100)
@@ -165,8 +170,8 @@ class CodexConfig(_Section):
     home: Path | None = None
     model: str | None = None
     config: Annotated[dict[str, Any], AfterValidator(_no_inline_secret)] = Field(
-        default_factory=dict)
-    env: EnvNames = Field(default_factory=list)
+        default={})
+    env: EnvNames = Field(default=[])
     spare: StrictBool = True  # bothy serve keeps one app-server started ahead (engine/spare.py)
 
 
@@ -176,7 +181,7 @@ class CairnConfig(_Section):
     command: list[str] = Field(default_factory=lambda: ["cairn"], min_length=1)
     # Each step (claim, brief, note, release) is bounded by this; the seed says 10 s at most.
     timeout_s: float = Field(default=10.0, gt=0, le=10)
-    env: EnvNames = Field(default_factory=list)
+    env: EnvNames = Field(default=[])
 
 
 class LimitsConfig(_Section):
@@ -197,8 +202,8 @@ class McpServerConfig(_Section):
     """One MCP server a profile grants: started by Bothy, inside the run's process group."""
 
     command: str = Field(min_length=1)
-    args: list[str] = Field(default_factory=list)
-    env: EnvNames = Field(default_factory=list)  # names passed through; no secret is inline
+    args: list[str] = Field(default=[])
+    env: EnvNames = Field(default=[])  # names passed through; no secret is inline
     start_timeout_s: float = Field(default=20.0, gt=0, le=300)
     call_timeout_s: float = Field(default=60.0, gt=0, le=3600)
 
@@ -249,11 +254,11 @@ class ProfileConfig(_Section):
     """What a task may use beyond Codex's sandboxed built-ins, tool by tool."""
 
     sandbox: Literal["read-only", "workspace-write", "danger-full-access"] = "read-only"
-    mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
-    skills: list[Path] = Field(default_factory=list)
-    tools: list[str] = Field(default_factory=list)
-    approvals: dict[str, Verdict] = Field(default_factory=dict)
-    ask: list[str] = Field(default_factory=list)
+    mcp_servers: dict[str, McpServerConfig] = Field(default={})
+    skills: list[Path] = Field(default=[])
+    tools: list[str] = Field(default=[])
+    approvals: dict[str, Verdict] = Field(default={})
+    ask: list[str] = Field(default=[])
     unless_approved_within: int = Field(default=0, ge=0, le=30 * 86400)
     question_hold_seconds: int = Field(default=120, ge=0, le=86400)
     allow_from_untrusted: bool = False
@@ -394,8 +399,8 @@ class WebhookJob(WakeJob):
     """What a matching delivery wakes: a prompt in a lane, under a profile."""
 
     event: str = Field(min_length=1)  # X-GitHub-Event (github) or the route's event
-    actions: list[str] = Field(default_factory=list)  # payload "action"; empty = any
-    author_associations: list[str] = Field(default_factory=list)  # empty = anyone
+    actions: list[str] = Field(default=[])  # payload "action"; empty = any
+    author_associations: list[str] = Field(default=[])  # empty = anyone
 
 
 # Where the status pages live on the tailnet door (bothy.web); no webhook route may be there.
@@ -413,7 +418,7 @@ class WebhookRoute(_Section):
     signature_header: str = "X-Signature-256"  # hmac routes: "sha256=<hex>"
     delivery_header: str = "X-Delivery-Id"  # hmac routes: the dedupe key
     event_header: str = "X-Event"  # hmac routes
-    jobs: list[WebhookJob] = Field(default_factory=list)
+    jobs: list[WebhookJob] = Field(default=[])
 
     @field_validator("path")
     @classmethod
@@ -488,7 +493,7 @@ class PollerConfig(_Section):
     command: list[str] | None = None
     interval_s: float = Field(default=300.0, ge=0.05, le=86400)
     timeout_s: float = Field(default=20.0, gt=0, le=600)
-    headers_env: dict[str, str] = Field(default_factory=dict)  # header name -> env var name
+    headers_env: dict[str, str] = Field(default={})  # header name -> env var name
     new: NewRule = "changed"
     job: WakeJob
     max_body_bytes: int = Field(default=5_000_000, ge=1024, le=25_000_000)
@@ -555,7 +560,7 @@ class SlackConfig(_Section):
     bot_token_env: str = "SLACK_BOT_TOKEN"
     app_token_env: str = "SLACK_APP_TOKEN"
     api_url: str | None = None  # the Web API base URL; only tests point it elsewhere
-    allowed_users: list[str] = Field(default_factory=list)  # Slack user ids (U…)
+    allowed_users: list[str] = Field(default=[])  # Slack user ids (U…)
     alert_channel: str | None = None
     profile: str | None = None  # what chat runs may use; its question_hold_seconds applies
     # Heard nothing (no event, no answered ping) this long: reconnect (bothy/chat/liveness.py).
@@ -569,7 +574,7 @@ class DiscordConfig(_Section):
     token_env: str = "DISCORD_BOT_TOKEN"
     api_url: str | None = None  # the REST base URL of one-shot posts; only tests point it elsewhere
     message_content_intent: bool = True  # needed to read replies that do not mention the bot
-    allowed_users: list[str] = Field(default_factory=list)  # Discord user ids
+    allowed_users: list[str] = Field(default=[])  # Discord user ids
     alert_channel: str | None = None
     profile: str | None = None  # what chat runs may use; its question_hold_seconds applies
     # Heard nothing (no event, no heartbeat ACK) this long: reconnect. Keep it well above
@@ -590,7 +595,7 @@ class OtelConfig(_Section):
     it tries (bothy/traceexport.py)."""
 
     endpoint: str  # the full address to POST to, e.g. http://collector:4318/v1/traces
-    headers_env: dict[str, str] = Field(default_factory=dict)  # header name -> env var name
+    headers_env: dict[str, str] = Field(default={})  # header name -> env var name
     include_content: bool = False  # questions, commands, reasons: held back unless true
     timeout_s: float = Field(default=10.0, gt=0, le=60)
     max_attempts: int = Field(default=20, ge=1, le=1000)
@@ -637,10 +642,10 @@ class Config(_Section):
     codex: CodexConfig = Field(default_factory=CodexConfig)
     cairn: CairnConfig = Field(default_factory=CairnConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
-    profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
+    profiles: dict[str, ProfileConfig] = Field(default={})
     listen: ListenConfig = Field(default_factory=ListenConfig)
-    webhooks: dict[str, WebhookRoute] = Field(default_factory=dict)
-    pollers: dict[str, PollerConfig] = Field(default_factory=dict)
+    webhooks: dict[str, WebhookRoute] = Field(default={})
+    pollers: dict[str, PollerConfig] = Field(default={})
     wakes: WakesConfig = Field(default_factory=WakesConfig)
     chat: ChatConfig = Field(default_factory=ChatConfig)
     secrets_file: Path | None = None  # 0600 NAME=value file read when a variable is not set

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import enum
 import fcntl
+import gc
 import json
 import os
 import sys
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
 
     from bothy.engine.spare import Spare
     from bothy.wakes.poller import Poller
-    from bothy.web import StatusSite
+    from bothy.web import DeferredSite, StatusSite
 
 _LISTEN_HOST = "127.0.0.1"  # Tailscale (serve / funnel) carries outside traffic to loopback
 _STOP_WAIT_S = 30.0
@@ -96,7 +97,7 @@ class Daemon:
         self.chat_state: dict[str, str] = {}
         self._alerts_routed = False  # an alert channel is configured and connected
         self._chat_heard: dict[str, dict[str, Any]] = {}
-        self._web: StatusSite | None = None
+        self._web: DeferredSite | None = None
 
     async def serve(self) -> int:
         """Run until a stop signal; return the exit code of a clean stop."""
@@ -137,6 +138,7 @@ class Daemon:
         # Started last, once ready (not to slow the start), and ended first (engine/spare.py).
         spare = supervisor.keep_spare() if self._cfg.codex.spare else None
         with recording_stop_signals(self._stop, self._hurry):
+            _collect_garbage_again()
             await rt.audit.record("serve", "ready", "ok", details={
                 "ports": self.ports, "orphans_ended": len(recovered),
                 "wakes_requeued": wakes.requeued, "wakes_reinserted": wakes.reinserted,
@@ -230,14 +232,22 @@ class Daemon:
             listeners.append(listener)
         return listeners
 
-    def _pages(self, rt: Runtime) -> StatusSite | None:
-        """The status pages for the tailnet door (``web.enabled``), read-only."""
+    def _pages(self, rt: Runtime) -> DeferredSite | None:
+        """The status pages for the tailnet door (``web.enabled``), read-only; their modules
+        load on the first request for a page, not at start-up."""
         if not self._cfg.web.enabled:
             return None
-        from bothy.web import StatusSite  # Jinja2 and the templates only when pages are served
+        from bothy.web import DeferredSite
 
-        return StatusSite(self._home, self._cfg, started_at=rt.clock(), environ=os.environ,
-                          clock=rt.clock)
+        started_at = rt.clock()
+
+        def build() -> StatusSite:
+            from bothy.web import StatusSite
+
+            return StatusSite(self._home, self._cfg, started_at=started_at,
+                              environ=os.environ, clock=rt.clock)
+
+        return DeferredSite(build)
 
     def _publish(self, state: str | None) -> None:
         """What `bothy status` shows of this daemon: ``state/serve.json`` (gone when stopped)."""
@@ -399,6 +409,15 @@ class _Chat:
         for adapter in self.adapters.values():
             await adapter.stop()
         await self.router.close()
+
+
+def _collect_garbage_again() -> None:
+    """Turn the garbage collector back on if `bothy serve` paused it for start-up
+    (commands/operate.py: the imports and connections leave next to no garbage, and
+    collecting while they are made costs ~100 ms); a caller that never paused it is left as
+    it was. Nothing is frozen: objects of a connection replaced later must stay collectable."""
+    if not gc.isenabled():
+        gc.enable()
 
 
 def _check_secrets(cfg: Config) -> None:

@@ -1,5 +1,5 @@
 """A package's surface, loaded on first use (PEP 562): the one ``__getattr__`` behind
-``bothy.chat``, ``bothy.commands``, ``bothy.engine`` and ``bothy.wakes``.
+``bothy.chat``, ``bothy.commands``, ``bothy.engine``, ``bothy.wakes`` and ``bothy.web``.
 
 Such a package lists in ``_SURFACE`` which module holds each name of its ``__all__``, and
 defines ``__getattr__`` as a call to :func:`surface_attribute`; ``from bothy.engine import

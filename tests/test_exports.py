@@ -98,7 +98,7 @@ def test_each_package_declares_its_surface(package: str) -> None:
     assert [name for name in surface if not hasattr(loaded, name)] == []
 
 
-_LAZY_PACKAGES = ["bothy.chat", "bothy.commands", "bothy.engine", "bothy.wakes"]
+_LAZY_PACKAGES = ["bothy.chat", "bothy.commands", "bothy.engine", "bothy.wakes", "bothy.web"]
 
 
 def _init_source(package: str) -> str:

@@ -189,7 +189,15 @@ class SlackAdapter:
                 AsyncRateLimitErrorRetryHandler(max_retry_count=_RATE_LIMIT_RETRIES),
             ],
         )
-        identity = await self._call("check the bot token (auth.test)", web.auth_test())
+        self._app_token = app_token
+        # The two tokens are checked side by side: auth.test (the bot token) and
+        # apps.connections.open (the app token) do not depend on each other, so start-up
+        # waits for one round trip to Slack, not two. A refused bot token is still the one
+        # reported when both are refused.
+        identity, opened = await _both(
+            self._call("check the bot token (auth.test)", web.auth_test()),
+            self._open_url(web),
+        )
         self._bot_user_id = _field(identity, "user_id", "auth.test")
         # What a genuine button press names (slack_buttons.press_of): this workspace, and
         # this app when auth.test says which (it does for a bot token; the field is optional).
@@ -197,18 +205,25 @@ class SlackAdapter:
         app_id = identity.get("app_id")
         self._app_id = app_id if isinstance(app_id, str) and app_id else None
         self._mention = re.compile(rf"<@{re.escape(self._bot_user_id)}(?:\|[^>]*)?>[ \t]?")
-        self._app_token = app_token
-        self._handler = await self._open_socket(web, self._connect_timeout_s)
+        self._handler = await self._open_socket(web, self._connect_timeout_s, opened=opened)
         _log.info("slack: connected as %s", self._bot_user_id)
 
-    async def _open_socket(self, web: AsyncWebClient, within_s: float) -> AsyncSocketModeHandler:
-        """A new Socket Mode connection, open; nothing of it is left running on failure."""
-        # Opening the socket URL here (rather than inside the handler, which retries every
-        # failure forever) is what turns a refused app token into ChatAuthError.
-        opened = await self._call(
+    async def _open_url(self, web: AsyncWebClient) -> Mapping[str, Any]:
+        """A fresh Socket Mode URL (apps.connections.open). Asking for it here (rather than
+        inside the handler, which retries every failure forever) is what turns a refused app
+        token into ChatAuthError."""
+        return await self._call(
             "open a Socket Mode connection (apps.connections.open)",
             web.apps_connections_open(app_token=self._app_token),
         )
+
+    async def _open_socket(
+        self, web: AsyncWebClient, within_s: float, *, opened: Mapping[str, Any] | None = None
+    ) -> AsyncSocketModeHandler:
+        """A new Socket Mode connection, open, on the URL ``opened`` issued (a fresh one if
+        None); nothing of it is left running on failure."""
+        if opened is None:
+            opened = await self._open_url(web)
         handler = AsyncSocketModeHandler(
             self._app(web), self._app_token, logger=_log, ping_interval=self._ping_interval_s
         )
@@ -286,6 +301,9 @@ class SlackAdapter:
 
     def _app(self, web: AsyncWebClient) -> AsyncApp:
         app = AsyncApp(
+            # Named, or bolt names the app after its caller's file through inspect.stack(),
+            # which reads the source of every frame: tens of ms of every start and reconnect.
+            name="bothy",
             client=web,
             logger=_log,
             process_before_response=True,  # ack after on_message returned: fsync, then ack
@@ -543,6 +561,21 @@ async def _close_handler(handler: AsyncSocketModeHandler) -> None:
                          client.message_receiver) if t is not None]
     if tasks:
         await asyncio.wait(tasks, timeout=_CLOSE_S)
+
+
+async def _both(
+    first: Awaitable[Mapping[str, Any]], second: Awaitable[Mapping[str, Any]]
+) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """Two Web API calls awaited side by side; if either failed, the first one's failure is
+    raised (after both have ended: neither is left running)."""
+    outcomes: list[Mapping[str, Any] | BaseException] = list(
+        await asyncio.gather(first, second, return_exceptions=True))
+    answers = []
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+        answers.append(outcome)
+    return answers[0], answers[1]
 
 
 def _field(response: Mapping[str, Any], name: str, method: str) -> str:

@@ -204,6 +204,12 @@ async def cmd_profile(args: argparse.Namespace) -> int:
 
 async def cmd_daemon(args: argparse.Namespace) -> int:
     """`bothy serve`: run the daemon in this process until a stop signal."""
+    import gc
+
+    # Start-up builds what lives on (modules, config, connections) and next to no garbage,
+    # yet the collector would walk it all many times over, ~100 ms here (issue 18). The
+    # daemon turns collection back on once it is ready (bothy/daemon.py).
+    gc.disable()
     from bothy.commands.foreground import check_workspace
     from bothy.daemon import Daemon
 

@@ -35,6 +35,7 @@ from bothy.config import PAGES_PREFIX, Config
 from bothy.errors import BothyError
 from bothy.home import BothyHome
 from bothy.web.access import COOKIE, Access, Denied, Exchange
+from bothy.web.deferred import pages_own
 from bothy.web.pagedata import BadFilter, PageData, RunFilter
 
 __all__ = ["CSP", "StatusSite"]
@@ -75,9 +76,8 @@ class StatusSite:
         self._files: dict[str, bytes] = {}
 
     def owns(self, path: str) -> bool:
-        """``/``, ``/bothy`` and everything under ``/bothy/`` (a webhook route at ``/`` wins:
-        the listener looks at its routes first)."""
-        return path in ("/", PAGES_PREFIX.rstrip("/")) or path.startswith(PAGES_PREFIX)
+        """The paths of the pages (:func:`~bothy.web.deferred.pages_own`)."""
+        return pages_own(path)
 
     def close(self) -> None:
         """No more pages: let the reader thread end (the listener has stopped)."""
