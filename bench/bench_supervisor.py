@@ -141,6 +141,10 @@ def main() -> None:
     low, high = min(figures["overhead"]), max(figures["overhead"])
     print(f"   ({len(figures['overhead'])} runs, {low:.1f}–{high:.1f} ms; launch → turn/start"
           f" sent in all: median {median(figures['to_turn_start']):.1f} ms)")
+    alone = [total - init for total, init in zip(figures["to_turn_start"], figures["codex_init"],
+                                                 strict=True)]
+    print(f"   minus codex's initialize measured alone (next to each run) instead of within it:"
+          f" median {median(alone):.1f} ms")
     print(f"   bare python -c pass, same run: median {median(figures['bare']):.1f} ms")
     print(f"   launch → `wake received` recorded (interpreter, imports, config, state, recovery):"
           f" median {median(figures['before_wake']):.1f} ms")
