@@ -103,6 +103,33 @@ async def _run_once(site: Any, server: Any) -> dict[str, float]:
     }
 
 
+async def _import_shares(site: Any, server: Any) -> dict[str, float]:
+    """One more `bothy run`, under ``-X importtime``: the cumulative import time (ms) of the
+    config (pydantic and the models), asyncio, the engine, and all imports together."""
+    from tests.fakes.model_server import text
+
+    server.script(text("BOTHY"))
+    done = await site.bothy("run", "Reply with exactly: BOTHY", "--subject", "bench",
+                            PYTHONPROFILEIMPORTTIME="1")
+    cumulative: dict[str, float] = {}
+    interpreter = total = engine = 0.0
+    for line in done.stderr.splitlines():  # "import time: self | cumulative |   name"
+        fields = line.removeprefix("import time:").split("|")
+        if len(fields) != 3 or not fields[1].strip().isdigit():
+            continue
+        name, cumulative_ms = fields[2][1:].rstrip(), int(fields[1]) / 1000
+        if name == "runpy":  # `python -m bothy` begins: what came before is the interpreter's
+            interpreter = total
+        if not name.startswith(" "):  # a top-level import: its children are inside it
+            total += cumulative_ms
+            if name.startswith(("bothy.engine", "bothy.runtime")):
+                engine += cumulative_ms
+        cumulative.setdefault(name.strip(), cumulative_ms)
+    config = cumulative.get("bothy.config", 0.0)  # (first imported on the engine's way)
+    return {"all": total - interpreter, "interpreter": interpreter, "config": config,
+            "asyncio": cumulative.get("asyncio", 0.0), "engine": engine - config}
+
+
 async def _measure(root: Path) -> dict[str, list[float]]:
     from bothy.config import load_config
     from bothy.engine.launch import build_launch
@@ -126,6 +153,8 @@ async def _measure(root: Path) -> dict[str, list[float]]:
             init_s, thread_s = await _codex_alone_s(launch.argv, launch.env, site.workspace)
             figures.setdefault("codex_init", []).append(init_s * 1000)
             figures.setdefault("codex_thread", []).append(thread_s * 1000)
+        for name, value in (await _import_shares(site, server)).items():
+            figures[f"imports_{name}"] = [value]
     return figures
 
 
@@ -155,3 +184,10 @@ def main() -> None:
           f" median {median(figures['codex_init']):.1f} ms")
     print(f"   codex's own thread/start alone (sent → answer, inside the figure above):"
           f" median {median(figures['codex_thread']):.1f} ms")
+    every = figures["imports_all"][0]
+    shares = ", ".join(f"{label} {figures[f'imports_{name}'][0] / every:.0%}" for label, name in (
+        ("the config (pydantic and its models)", "config"), ("the engine", "engine"),
+        ("asyncio", "asyncio")))
+    print(f"   its imports, in one more run under -X importtime (which slows them):"
+          f" {every:.0f} ms beyond the interpreter's own {figures['imports_interpreter'][0]:.0f}"
+          f" ms, of which {shares}")
