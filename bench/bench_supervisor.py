@@ -103,31 +103,48 @@ async def _run_once(site: Any, server: Any) -> dict[str, float]:
     }
 
 
+_IMPORT_KINDS = (  # (what, module name prefixes), the first that names a module or its importer
+    ("pydantic", ("pydantic", "pydantic_core", "annotated_types", "typing_inspection")),
+    ("the config's models", ("bothy.config",)),
+    ("asyncio", ("asyncio",)),
+    ("the engine (its modules, psutil, sqlite)", ("bothy.engine", "bothy.runtime")),
+)
+
+
+def _kind(chain: list[str]) -> str:
+    """What an import is for: the first kind that the module, or one importing it, is."""
+    for name in chain:
+        for kind, prefixes in _IMPORT_KINDS:
+            if any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes):
+                return kind
+    return "the rest"
+
+
 async def _import_shares(site: Any, server: Any) -> dict[str, float]:
-    """One more `bothy run`, under ``-X importtime``: the cumulative import time (ms) of the
-    config (pydantic and the models), asyncio, the engine, and all imports together."""
+    """One more `bothy run`, under ``-X importtime``: the time (ms) its imports take, by kind
+    (each module's own time, counted for the first kind found from it up its importers)."""
     from tests.fakes.model_server import text
 
     server.script(text("BOTHY"))
     done = await site.bothy("run", "Reply with exactly: BOTHY", "--subject", "bench",
                             PYTHONPROFILEIMPORTTIME="1")
-    cumulative: dict[str, float] = {}
-    interpreter = total = engine = 0.0
+    rows = []  # (own µs, depth, name), children before the module that imported them
     for line in done.stderr.splitlines():  # "import time: self | cumulative |   name"
         fields = line.removeprefix("import time:").split("|")
-        if len(fields) != 3 or not fields[1].strip().isdigit():
-            continue
-        name, cumulative_ms = fields[2][1:].rstrip(), int(fields[1]) / 1000
-        if name == "runpy":  # `python -m bothy` begins: what came before is the interpreter's
-            interpreter = total
-        if not name.startswith(" "):  # a top-level import: its children are inside it
-            total += cumulative_ms
-            if name.startswith(("bothy.engine", "bothy.runtime")):
-                engine += cumulative_ms
-        cumulative.setdefault(name.strip(), cumulative_ms)
-    config = cumulative.get("bothy.config", 0.0)  # (first imported on the engine's way)
-    return {"all": total - interpreter, "interpreter": interpreter, "config": config,
-            "asyncio": cumulative.get("asyncio", 0.0), "engine": engine - config}
+        if len(fields) == 3 and fields[0].strip().isdigit():
+            name = fields[2][1:].rstrip()
+            rows.append((int(fields[0]), (len(name) - len(name.lstrip())) // 2, name.strip()))
+    # `python -m bothy` begins with runpy: whatever was imported before is the interpreter's.
+    begins = next(i for i, (_, depth, name) in enumerate(rows) if depth == 0 and name == "runpy")
+    shares = {"the interpreter's own": sum(own for own, _, _ in rows[:begins]) / 1000}
+    importers: list[tuple[int, str]] = []
+    for own_us, depth, name in reversed(rows[begins:]):
+        while importers and importers[-1][0] >= depth:
+            importers.pop()
+        kind = _kind([name, *reversed([n for _, n in importers])])
+        shares[kind] = shares.get(kind, 0.0) + own_us / 1000
+        importers.append((depth, name))
+    return shares
 
 
 async def _measure(root: Path) -> dict[str, list[float]]:
@@ -184,10 +201,10 @@ def main() -> None:
           f" median {median(figures['codex_init']):.1f} ms")
     print(f"   codex's own thread/start alone (sent → answer, inside the figure above):"
           f" median {median(figures['codex_thread']):.1f} ms")
-    every = figures["imports_all"][0]
-    shares = ", ".join(f"{label} {figures[f'imports_{name}'][0] / every:.0%}" for label, name in (
-        ("the config (pydantic and its models)", "config"), ("the engine", "engine"),
-        ("asyncio", "asyncio")))
-    print(f"   its imports, in one more run under -X importtime (which slows them):"
-          f" {every:.0f} ms beyond the interpreter's own {figures['imports_interpreter'][0]:.0f}"
-          f" ms, of which {shares}")
+    imports = {name.removeprefix("imports_"): values[0] for name, values in figures.items()
+               if name.startswith("imports_")}
+    interpreter = imports.pop("the interpreter's own")
+    shown = ", ".join(f"{kind} {ms:.0f}" for kind, ms in
+                      sorted(imports.items(), key=lambda item: -item[1]))
+    print(f"   its imports, in one more run under -X importtime (which slows them), in ms:"
+          f" {shown}; the interpreter's own {interpreter:.0f}")
