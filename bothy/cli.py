@@ -39,9 +39,9 @@ class _Formatter(argparse.HelpFormatter):
     lzma), milliseconds of every cold start."""
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
-                 width: int | None = None) -> None:
+                 width: int | None = None, **later: Any) -> None:  # (later Pythons add some)
         super().__init__(prog, indent_increment, max_help_position,
-                         _columns() - 2 if width is None else width)
+                         _columns() - 2 if width is None else width, **later)
 
 
 def _columns() -> int:
