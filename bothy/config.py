@@ -49,11 +49,7 @@ EnvNames = Annotated[list[str], AfterValidator(_env_names)]
 
 
 class _Section(BaseModel):
-    # defer_build: a model's validator is built when it first validates, not when this module
-    # is imported; Config's one validation then builds what it needs once, rather than every
-    # section building its own at import and again inside Config's (an eighth of importing
-    # and loading the config, on the way of every command that reads it).
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class PoolConfig(_Section):
