@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import shutil
 import signal
 import sys
 import time
@@ -147,6 +149,32 @@ async def _import_shares(site: Any, server: Any) -> dict[str, float]:
     return shares
 
 
+async def _instructions(site: Any, server: Any, env: dict[str, str]) -> dict[str, float]:
+    """Where valgrind is installed: the instructions (M) of one whole `bothy run`, its own
+    process only (codex is not traced), and of a bare interpreter; none without valgrind."""
+    from tests.fakes.model_server import text
+
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return {}
+    counting = [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+    server.script(text("BOTHY"))
+    site.launch_prefix = counting
+    try:
+        done = await site.bothy("run", "Reply with exactly: BOTHY", "--subject", "bench",
+                                timeout_s=300)
+    finally:
+        site.launch_prefix = []
+    bare = await asyncio.create_subprocess_exec(*counting, sys.executable, "-c", "pass", env=env,
+                                                stderr=asyncio.subprocess.PIPE)
+    _, bare_err = await bare.communicate()
+    found = [re.search(r"Collected : (\d+)", text) for text in (done.stderr, bare_err.decode())]
+    if done.code != 0 or not all(found):
+        return {}
+    run, interpreter = (int(match.group(1)) / 1e6 for match in found if match)
+    return {"run": run, "bare": interpreter}
+
+
 async def _measure(root: Path) -> dict[str, list[float]]:
     from bothy.config import load_config
     from bothy.engine.launch import build_launch
@@ -172,6 +200,8 @@ async def _measure(root: Path) -> dict[str, list[float]]:
             figures.setdefault("codex_thread", []).append(thread_s * 1000)
         for name, value in (await _import_shares(site, server)).items():
             figures[f"imports_{name}"] = [value]
+        for name, value in (await _instructions(site, server, env)).items():
+            figures[f"instructions_{name}"] = [value]
     return figures
 
 
@@ -201,6 +231,10 @@ def main() -> None:
           f" median {median(figures['codex_init']):.1f} ms")
     print(f"   codex's own thread/start alone (sent → answer, inside the figure above):"
           f" median {median(figures['codex_thread']):.1f} ms")
+    if "instructions_run" in figures:
+        run, bare = figures["instructions_run"][0], figures["instructions_bare"][0]
+        print(f"   instructions (callgrind) of one whole bothy run, its own process (codex not"
+              f" counted): {run:,.0f} M; a bare interpreter {bare:,.0f} M ({run / bare:.1f}×)")
     imports = {name.removeprefix("imports_"): values[0] for name, values in figures.items()
                if name.startswith("imports_")}
     interpreter = imports.pop("the interpreter's own")
