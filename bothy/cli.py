@@ -438,6 +438,8 @@ async def _collecting_once_started(work: Coroutine[Any, Any, Any]) -> Any:
 
 def _collect_from_now() -> None:
     """Collect again, leaving out what start-up made (frozen: it lives as long as the command
-    does), or the first collection would walk all of it at once."""
+    does), or the first collection would walk all of it at once. The price: the little
+    garbage start-up left in cycles (about a thousand objects, under a megabyte, measured for
+    `bothy run`) is kept too; collecting it first would cost what the pause saved."""
     gc.freeze()
     gc.enable()
