@@ -1,9 +1,14 @@
-"""`bothy status` cold start: median wall time, and its ratio to a bare `python3 -c pass`."""
+"""`bothy status` cold start: median wall time, and its ratio to a bare `python3 -c pass`.
+
+Where valgrind is installed, also the instructions each executes (callgrind), which the load
+of a shared machine does not move: wall times here swing twofold from one minute to the next.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +23,18 @@ def _time(argv: list[str], env: dict[str, str]) -> float:
     started = time.perf_counter()
     subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - started
+
+
+def _instructions(argv: list[str], env: dict[str, str]) -> int | None:
+    """The instructions ``argv`` executes, counted by callgrind; None without valgrind."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return None
+    done = subprocess.run([valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
+                          env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True)
+    counted = re.search(r"Collected : (\d+)", done.stderr)
+    return int(counted.group(1)) if counted else None
 
 
 def main() -> None:
@@ -43,4 +60,8 @@ def main() -> None:
     figure("bothy status cold start (median)", status_s * 1000, "ms", 60, higher_is_better=False)
     print(f"   bare python3 -c pass: {bare_s * 1000:.1f} ms; bothy status is"
           f" {status_s / bare_s:.1f}× that ({(status_s - bare_s) * 1000:.1f} ms of its own)")
+    status_ir, bare_ir = _instructions(bothy, env), _instructions(bare, env)
+    if status_ir and bare_ir:
+        print(f"   instructions (callgrind): bothy status {status_ir / 1e6:.0f} M, bare python"
+              f" {bare_ir / 1e6:.0f} M: {status_ir / bare_ir:.2f}×")
     shutil.rmtree(root, ignore_errors=True)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import shutil
 import signal
 import sys
 import time
@@ -103,6 +105,76 @@ async def _run_once(site: Any, server: Any) -> dict[str, float]:
     }
 
 
+_IMPORT_KINDS = (  # (what, module name prefixes), the first that names a module or its importer
+    ("pydantic", ("pydantic", "pydantic_core", "annotated_types", "typing_inspection")),
+    ("the config's models", ("bothy.config",)),
+    ("asyncio", ("asyncio",)),
+    ("the engine (its modules, psutil, sqlite)", ("bothy.engine", "bothy.runtime")),
+)
+
+
+def _kind(chain: list[str]) -> str:
+    """What an import is for: the first kind that the module, or one importing it, is."""
+    for name in chain:
+        for kind, prefixes in _IMPORT_KINDS:
+            if any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes):
+                return kind
+    return "the rest"
+
+
+async def _import_shares(site: Any, server: Any) -> dict[str, float]:
+    """One more `bothy run`, under ``-X importtime``: the time (ms) its imports take, by kind
+    (each module's own time, counted for the first kind found from it up its importers)."""
+    from tests.fakes.model_server import text
+
+    server.script(text("BOTHY"))
+    done = await site.bothy("run", "Reply with exactly: BOTHY", "--subject", "bench",
+                            PYTHONPROFILEIMPORTTIME="1")
+    rows = []  # (own µs, depth, name), children before the module that imported them
+    for line in done.stderr.splitlines():  # "import time: self | cumulative |   name"
+        fields = line.removeprefix("import time:").split("|")
+        if len(fields) == 3 and fields[0].strip().isdigit():
+            name = fields[2][1:].rstrip()
+            rows.append((int(fields[0]), (len(name) - len(name.lstrip())) // 2, name.strip()))
+    # `python -m bothy` begins with runpy: whatever was imported before is the interpreter's.
+    begins = next(i for i, (_, depth, name) in enumerate(rows) if depth == 0 and name == "runpy")
+    shares = {"the interpreter's own": sum(own for own, _, _ in rows[:begins]) / 1000}
+    importers: list[tuple[int, str]] = []
+    for own_us, depth, name in reversed(rows[begins:]):
+        while importers and importers[-1][0] >= depth:
+            importers.pop()
+        kind = _kind([name, *reversed([n for _, n in importers])])
+        shares[kind] = shares.get(kind, 0.0) + own_us / 1000
+        importers.append((depth, name))
+    return shares
+
+
+async def _instructions(site: Any, server: Any, env: dict[str, str]) -> dict[str, float]:
+    """Where valgrind is installed: the instructions (M) of one whole `bothy run`, its own
+    process only (codex is not traced), and of a bare interpreter; none without valgrind."""
+    from tests.fakes.model_server import text
+
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return {}
+    counting = [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+    server.script(text("BOTHY"))
+    site.launch_prefix = counting
+    try:
+        done = await site.bothy("run", "Reply with exactly: BOTHY", "--subject", "bench",
+                                timeout_s=300)
+    finally:
+        site.launch_prefix = []
+    bare = await asyncio.create_subprocess_exec(*counting, sys.executable, "-c", "pass", env=env,
+                                                stderr=asyncio.subprocess.PIPE)
+    _, bare_err = await bare.communicate()
+    found = [re.search(r"Collected : (\d+)", text) for text in (done.stderr, bare_err.decode())]
+    if done.code != 0 or not all(found):
+        return {}
+    run, interpreter = (int(match.group(1)) / 1e6 for match in found if match)
+    return {"run": run, "bare": interpreter}
+
+
 async def _measure(root: Path) -> dict[str, list[float]]:
     from bothy.config import load_config
     from bothy.engine.launch import build_launch
@@ -126,6 +198,10 @@ async def _measure(root: Path) -> dict[str, list[float]]:
             init_s, thread_s = await _codex_alone_s(launch.argv, launch.env, site.workspace)
             figures.setdefault("codex_init", []).append(init_s * 1000)
             figures.setdefault("codex_thread", []).append(thread_s * 1000)
+        for name, value in (await _import_shares(site, server)).items():
+            figures[f"imports_{name}"] = [value]
+        for name, value in (await _instructions(site, server, env)).items():
+            figures[f"instructions_{name}"] = [value]
     return figures
 
 
@@ -141,6 +217,10 @@ def main() -> None:
     low, high = min(figures["overhead"]), max(figures["overhead"])
     print(f"   ({len(figures['overhead'])} runs, {low:.1f}–{high:.1f} ms; launch → turn/start"
           f" sent in all: median {median(figures['to_turn_start']):.1f} ms)")
+    alone = [total - init for total, init in zip(figures["to_turn_start"], figures["codex_init"],
+                                                 strict=True)]
+    print(f"   minus codex's initialize measured alone (next to each run) instead of within it:"
+          f" median {median(alone):.1f} ms")
     print(f"   bare python -c pass, same run: median {median(figures['bare']):.1f} ms")
     print(f"   launch → `wake received` recorded (interpreter, imports, config, state, recovery):"
           f" median {median(figures['before_wake']):.1f} ms")
@@ -151,3 +231,14 @@ def main() -> None:
           f" median {median(figures['codex_init']):.1f} ms")
     print(f"   codex's own thread/start alone (sent → answer, inside the figure above):"
           f" median {median(figures['codex_thread']):.1f} ms")
+    if "instructions_run" in figures:
+        run, bare = figures["instructions_run"][0], figures["instructions_bare"][0]
+        print(f"   instructions (callgrind) of one whole bothy run, its own process (codex not"
+              f" counted): {run:,.0f} M; a bare interpreter {bare:,.0f} M ({run / bare:.1f}×)")
+    imports = {name.removeprefix("imports_"): values[0] for name, values in figures.items()
+               if name.startswith("imports_")}
+    interpreter = imports.pop("the interpreter's own")
+    shown = ", ".join(f"{kind} {ms:.0f}" for kind, ms in
+                      sorted(imports.items(), key=lambda item: -item[1]))
+    print(f"   its imports, in one more run under -X importtime (which slows them), in ms:"
+          f" {shown}; the interpreter's own {interpreter:.0f}")

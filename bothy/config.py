@@ -54,11 +54,7 @@ class _Section(BaseModel):
     same, and asks a factory for its signature when it builds the schema, which for a builtin
     means parsing its text signature (~20 ms of every command's start, issue 18)."""
 
-    # defer_build: a model's validator is built when it first validates, not when this module
-    # is imported; Config's one validation then builds what it needs once, rather than every
-    # section building its own at import and again inside Config's (an eighth of importing
-    # and loading the config, on the way of every command that reads it).
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class PoolConfig(_Section):
