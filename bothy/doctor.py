@@ -244,11 +244,14 @@ async def check_orphans(scene: Scene) -> Finding:
     if scene.state_problem:
         return fail(f"needs the state directory: {scene.state_problem}")
     async with Runtime.open(scene.home, scene.cfg) as rt:
-        recovered = await rt.recovery().sweep()
-    left = f"{len(recovered)} process group(s) left by a previous instance"
-    if not recovered:
+        recovery = rt.recovery()
+        recovered = await recovery.sweep()
+    named = [item.run_id for item in recovered]
+    named += [f"spare app-server pgid {pgid}" for pgid in recovery.spares_ended]
+    left = f"{len(named)} process group(s) left by a previous instance"
+    if not named:
         return ok(left)
-    return ok(f"{left} ({', '.join(item.run_id for item in recovered)}): ended and audited")
+    return ok(f"{left} ({', '.join(named)}): ended and audited")
 
 
 async def check_sandbox(scene: Scene) -> Finding:

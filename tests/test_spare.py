@@ -164,6 +164,27 @@ async def test_sigkill_of_serve_leaves_no_spare_once_the_next_start_recovers(
     assert _spare_rows(site) == []
 
 
+async def test_doctor_after_a_sigkill_of_serve_ends_the_spare_and_says_so(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """`bothy doctor` after serve was SIGKILLed with a spare waiting: its orphan check ends the
+    spare's group and counts it on its line, as it does a run's."""
+    site = serve_site(tmp_path, server, codex={
+        "command": ["/bin/sh", "-c", _WITH_A_CHILD, str(codex_binary()), "app-server"]})
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        [spare] = await _spares_started(site, 1)
+        pgid = int(spare.details["pgid"])  # type: ignore[call-overload]
+        serving.command.signal(signal.SIGKILL)
+        await serving.command.finish()
+        doctor = await shell.bothy("doctor")
+    assert (f"[ok ] no orphaned workers: 1 process group(s) left by a previous instance"
+            f" (spare app-server pgid {pgid}): ended and audited") in doctor.stdout, doctor.stdout
+    assert live_members(pgid) == []
+    assert [r.details["pgid"] for r in _spare_records(site, "recovered")] == [pgid]
+    assert _spare_rows(site) == []
+
+
 async def test_a_profile_with_its_own_codex_config_starts_cold_and_the_spare_waits(
     server: ModelServer, tmp_path: Path
 ) -> None:
@@ -265,6 +286,42 @@ async def test_a_spare_that_cannot_start_is_recorded_and_not_retried_in_a_loop(
     assert len(later) <= 1  # the one started when the run ended, if it got that far
     assert _spare_records(site, "started") == []
     assert "app-server" in str(run.details["reason"])
+    assert _spare_rows(site) == []
+
+
+# A worker command whose first start hangs (the flag file is there), as a codex stuck in its
+# start would; every later start is codex at once.
+_FIRST_START_HANGS = '[ -e "$FLAG" ] && rm -f "$FLAG" && sleep 600; exec "$0" "$@"'
+
+
+async def test_a_run_never_waits_on_a_spare_still_starting_and_the_stop_ends_it(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """The spare's start hangs: a delivery runs at once on a cold app-server of its own
+    (`cold`: the spare was still starting) instead of waiting on it, and SIGTERM ends the
+    hung start, its group empty (psutil) and its row gone."""
+    server.script(text("Done."))
+    flag = tmp_path / "first-start-hangs"
+    flag.touch()
+    site = serve_site(tmp_path, server, codex={
+        "command": ["/bin/sh", "-c", _FIRST_START_HANGS.replace("$FLAG", str(flag)),
+                    str(codex_binary()), "app-server"]})
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        await until(lambda: not flag.exists() and len(_spare_rows(site)) == 1,
+                    "the spare's start under way, and recorded")
+        [hung] = _spare_rows(site)
+        run = await _run_one(serving, site, 11)
+        assert _spare_records(site, "started") == []  # still hanging while the run ran
+        assert await serving.stop() == 0
+
+    assert (run.details["spare"], run.details["cold"]) == ("cold",
+                                                          "the spare was still starting")
+    assert run.details["pgid"] != hung
+    [ended] = _spare_records(site, "ended")
+    assert (ended.details["pgid"], ended.details["why"]) == (hung,
+                                                            "bothy stopped while it started")
+    assert live_members(hung) == []
     assert _spare_rows(site) == []
 
 

@@ -47,6 +47,7 @@ class Recovery:
         self._audit = audit
         self._clock = clock
         self._grace_s = grace_s
+        self.spares_ended: list[int] = []  # the pgids of dead serves' spares the sweep ended
 
     async def orphans(self) -> list[RunRow]:
         rows = await self._db.runs_with_status("queued", "running")
@@ -58,11 +59,13 @@ class Recovery:
             group = await self._end_group(row)
             if await self._close(row, group):
                 recovered.append(Recovered(row.run_id, row.subject, row.status, group))
-        await self._end_spares()
+        self.spares_ended = await self._end_spares()
         return recovered
 
-    async def _end_spares(self) -> None:
-        """End the spare app-servers whose ``bothy serve`` died, and record each once."""
+    async def _end_spares(self) -> list[int]:
+        """End the spare app-servers whose ``bothy serve`` died, and record each once; the
+        pgids this sweep ended."""
+        ended = []
         for spare in await self._db.fetch_all("SELECT * FROM spares"):
             if spare["owner_start"] is not None and same_process(spare["owner_pid"],
                                                                  spare["owner_start"]):
@@ -76,9 +79,11 @@ class Recovery:
                     "DELETE FROM spares WHERE pgid = ? AND leader_start = ?",
                     (record.pgid, record.leader_start))
             if changed:
+                ended.append(record.pgid)
                 await self._audit.record("spare", "recovered", "ok", details={
                     "owner_pid": spare["owner_pid"], "pgid": record.pgid,
                     "group": outcome.describe()})
+        return ended
 
     async def _end_group(self, row: RunRow) -> str:
         """End the worker's group and every other group the run recorded (MCP servers)."""

@@ -128,23 +128,19 @@ class Spare:
     async def take(self, launch: Launch, cwd: Path) -> Worker | Cold:
         """The spare for a run with this launch and cwd, initialized and alive; or why not.
 
-        A spare still starting is waited for (its start is already under way: sooner than a
-        cold one). Whatever is held is no longer held once this is called, unless the launch
-        differs (then the spare stays for the next run that fits).
+        Only a ready spare is handed over. A spare still starting is left for the next run:
+        waiting on it would tie this run, and a stop, to however long codex takes to start
+        (up to its initialize timeout), where a cold start is bounded like any run's. A ready
+        spare is no longer held once this is called.
         """
         if launch != self.launch or cwd != self.cwd:
             return Cold("the run's launch (its profile's codex_config) is not the spare's")
-        held, self._held = self._held, None  # from here on, no other run can have it
+        held = self._held
         if held is None:
             return Cold("bothy is stopping" if self._closed else "no spare was ready")
-        assert held.up is not None
-        try:
-            ready = await asyncio.shield(held.up)
-        except asyncio.CancelledError:
-            self._own(self._end(held, "the run waiting for it was cancelled"))
-            raise
-        if not ready:
-            return Cold("the spare could not start")
+        if held.state is SpareState.STARTING:
+            return Cold("the spare was still starting")
+        self._held = None  # from here on, no other run can have it
         if held.watch is not None:
             held.watch.cancel()
         unfit = self._unfit(held)
@@ -208,12 +204,12 @@ class Spare:
             await asyncio.shield(self._stop(held, "bothy stopped while it started",
                                             failed=False))
             raise
-        held.state = SpareState.READY
         await self._audit.record("spare", "started", "ok", details={
             "pgid": held.record.pgid, "leader_pid": held.record.leader_pid,
             "leader_start": held.record.leader_start, "command": self.launch.argv[0],
             "initialize_ms": round((worker.marks["initialized"] - worker.marks["spawn"])
                                    * 1000, 3)})
+        held.state = SpareState.READY  # handed over only once its start is on the register
         held.watch = self._own(self._watch(held))
         return True
 
