@@ -113,12 +113,13 @@ def _collect(home: BothyHome, view: StatusView, now: datetime) -> dict[str, Any]
         "serve": "not running",
         "chat": {},
         "chat_connections": {},
+        "spares": [],
         "budget_mode": view.budget_mode,
         "plan": {"ceiling_percent": view.plan_ceiling_percent,
                  "reserve_percent": view.plan_reserve_percent, "reserved_percent": 0,
                  "windows": []},
     }
-    _serve(home, report, now)
+    serve_pid = _serve(home, report, now)
     waiting = _traces_waiting(home)
     if waiting is not None:  # only on a site whose bothy serve exports traces (config otel)
         report["traces_waiting"] = waiting
@@ -133,6 +134,7 @@ def _collect(home: BothyHome, view: StatusView, now: datetime) -> dict[str, Any]
         report["held_questions"] = _held_questions(db, zone, to_us(now))
         report["wakes_waiting"] = _wakes_waiting(db, zone)
         report["schedules"] = _schedules(db, zone, to_us(now))
+        report["spares"] = _spares(db, zone, serve_pid)
     except sqlite3.DatabaseError as exc:
         corrupt = StateCorruptError.from_sqlite(home.db_path, exc)
         if corrupt is None:
@@ -263,6 +265,16 @@ def _wakes_waiting(db: sqlite3.Connection, zone: ZoneInfo) -> list[dict[str, Any
              "note": row["note"]} for row in rows]
 
 
+def _spares(db: sqlite3.Connection, zone: ZoneInfo, serve_pid: int | None) -> list[dict[str, Any]]:
+    """The spare app-servers no run has taken (engine/spare.py): the running serve's, or one
+    left by a serve that died (ended by the next start or ``bothy doctor``)."""
+    rows = _rows(db, "SELECT pgid, leader_pid, owner_pid, started_us FROM spares ORDER BY pgid",
+                 ())
+    return [{"pgid": row["pgid"], "pid": row["leader_pid"],
+             "started_at": minute_iso(row["started_us"], zone),
+             "owner_alive": row["owner_pid"] == serve_pid} for row in rows]
+
+
 def _running(row: sqlite3.Row, now_us: int) -> dict[str, Any]:
     started = row["started_us"] or row["admitted_us"]
     return {
@@ -276,18 +288,20 @@ def _running(row: sqlite3.Row, now_us: int) -> dict[str, Any]:
     }
 
 
-def _serve(home: BothyHome, report: dict[str, Any], now: datetime) -> None:
-    """The daemon's published state, if its process is still the one that wrote it."""
+def _serve(home: BothyHome, report: dict[str, Any], now: datetime) -> int | None:
+    """The daemon's published state, if its process is still the one that wrote it; its pid
+    then."""
     published = _published(home)
     if published is None:
-        return
+        return None
     pid = int(published["pid"])
     if not _same_process(pid, published.get("pid_start")):
         report["serve"] = f"not running (pid {pid} is gone: it did not stop cleanly)"
-        return
+        return None
     report["serve"] = f"{published.get('state', '?')} (pid {pid}, ports {published.get('ports')})"
     report["chat"] = published.get("chat") or {}
     report["chat_connections"] = _connections(published, now, ZoneInfo(report["timezone"]))
+    return pid
 
 
 def _published(home: BothyHome) -> dict[str, Any] | None:
@@ -401,6 +415,11 @@ def render_status(report: dict[str, Any]) -> str:
         last = f"  last {schedule['last_fire']}" if schedule["last_fire"] else ""
         lines.append(f"  {schedule['name']}  {schedule['cron']}  {schedule['what']}  {when}{last}")
     lines.append(f"bothy serve: {report['serve']}")
+    for spare in report["spares"]:
+        gone = ("" if spare["owner_alive"] else
+                " — its bothy serve is gone: the next start or bothy doctor ends it")
+        lines.append(f"  spare app-server: pid {spare['pid']} (group {spare['pgid']}), started"
+                     f" {spare['started_at']}{gone}")
     chat = report["chat"]
     shown = ", ".join(f"{name} {state}" for name, state in chat.items()) or "none"
     lines.append(f"chat connections: {shown}")

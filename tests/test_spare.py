@@ -164,20 +164,28 @@ async def test_sigkill_of_serve_leaves_no_spare_once_the_next_start_recovers(
     assert _spare_rows(site) == []
 
 
-async def test_doctor_after_a_sigkill_of_serve_ends_the_spare_and_says_so(
+async def test_status_shows_the_spare_and_doctor_ends_it_after_a_sigkill_of_serve(
     server: ModelServer, tmp_path: Path
 ) -> None:
-    """`bothy doctor` after serve was SIGKILLed with a spare waiting: its orphan check ends the
-    spare's group and counts it on its line, as it does a run's."""
+    """`bothy status` shows the waiting spare; after serve was SIGKILLed, it says the spare's
+    serve is gone, and `bothy doctor`'s orphan check ends the spare's group and counts it on
+    its line, as it does a run's."""
     site = serve_site(tmp_path, server, codex={
         "command": ["/bin/sh", "-c", _WITH_A_CHILD, str(codex_binary()), "app-server"]})
     async with Shell(site) as shell:
         serving = await start_serve(shell)
         [spare] = await _spares_started(site, 1)
         pgid = int(spare.details["pgid"])  # type: ignore[call-overload]
+        waiting = await shell.bothy("status")
         serving.command.signal(signal.SIGKILL)
         await serving.command.finish()
+        left = await shell.bothy("status", "--json")
         doctor = await shell.bothy("doctor")
+    shown = f"  spare app-server: pid {spare.details['leader_pid']} (group {pgid}), started "
+    [line] = [line for line in waiting.stdout.splitlines() if line.startswith(shown)]
+    assert "gone" not in line, waiting.stdout
+    [entry] = json.loads(left.stdout)["spares"]
+    assert (entry["pgid"], entry["owner_alive"]) == (pgid, False)
     assert (f"[ok ] no orphaned workers: 1 process group(s) left by a previous instance"
             f" (spare app-server pgid {pgid}): ended and audited") in doctor.stdout, doctor.stdout
     assert live_members(pgid) == []
