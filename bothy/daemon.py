@@ -105,12 +105,17 @@ class Daemon:
         # Threads that finish an fsync (the inbox's segment, the register, SQLite's commit)
         # wait for the GIL before their caller can be answered; at Python's default 5 ms
         # switch interval, behind an event loop busy taking requests, that wait was most of
-        # a group commit's time (bench_webhooks). The daemon's threads are all I/O.
+        # a group commit's time (bench_webhooks). The daemon's threads are all I/O. Restored
+        # after, for a daemon run inside another program (the tests).
+        previous_s = sys.getswitchinterval()
         sys.setswitchinterval(_SWITCH_INTERVAL_S)
-        self._home.ensure()
-        with _single_instance(self._home.state_dir / "serve.lock"):
-            async with Runtime.open(self._home, self._cfg) as rt:
-                return await self._serve(rt)
+        try:
+            self._home.ensure()
+            with _single_instance(self._home.state_dir / "serve.lock"):
+                async with Runtime.open(self._home, self._cfg) as rt:
+                    return await self._serve(rt)
+        finally:
+            sys.setswitchinterval(previous_s)
 
     async def _serve(self, rt: Runtime) -> int:
         await _refuse_a_broken_register(rt.audit)

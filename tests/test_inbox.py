@@ -342,9 +342,11 @@ async def test_prune_forgets_a_segment_once_every_wake_in_it_is_old_and_finished
         " VALUES ('webhook', 'github', 'legacy-done:h', 'pull_request', 'queued', 0, ?, ?)",
         (to_us(old), payload_name("github", legacy.key)))
     rows = {r.key: r for r in await _rows(db)}
-    for key in ("old-done-0:h", "old-done-1:h", "new-done:h", "current-done:h",
-                "legacy-done:h"):
-        await inbox.finish(rows[key].id, "done", run_id=None, note=None)
+    for key in ("old-done-0:h", "old-done-1:h", "current-done:h", "legacy-done:h"):
+        await first.finish(rows[key].id, "done", run_id=None, note=None)
+    await db.execute("UPDATE wakes SET finished_us = ? WHERE finished_us IS NOT NULL",
+                     (to_us(old),))  # they finished eight days ago
+    await inbox.finish(rows["new-done:h"].id, "done", run_id=None, note=None)
     stale_temp = inbox.root / ".tmp-stale"
     stale_temp.write_bytes(b"half")
     os.utime(stale_temp, (old.timestamp(), old.timestamp()))
@@ -357,6 +359,46 @@ async def test_prune_forgets_a_segment_once_every_wake_in_it_is_old_and_finished
     assert _names(inbox) == ["wakes-000002.seg", "wakes-000003.seg"]
     again = await inbox.accept(_delivery("old-done-0:h"))
     assert isinstance(again, Accepted)  # forgotten: a redelivery now would be new
+    [pruned_record] = [r for r in _audit(tmp_path).records() if r.event == "pruned"]
+    assert (pruned_record.kind, pruned_record.details["wakes"],
+            pruned_record.details["segments"]) == ("wake", 3, ["wakes-000001.seg"])
+
+
+async def test_a_wake_received_long_ago_but_finished_lately_is_kept_its_full_retention(
+    tmp_path: Path, inbox: Inbox, db: StateDB
+) -> None:
+    """The retention counts from when a wake finished, as `wakes.keep_deliveries_days` says:
+    one received ten days ago that finished yesterday stays."""
+    first = Inbox(inbox.root, db, clock=_Clock(), audit=_audit(tmp_path))
+    late = await first.accept(_delivery("late:h", received_at=T0 - timedelta(days=10)))
+    assert isinstance(late, Accepted) and await first.claim(late.wake_id)
+    await first.finish(late.wake_id, "done", run_id=None, note=None)  # at T0
+    await inbox.accept(_delivery("newer:h"))  # a later segment: the first is not the highest
+
+    assert await inbox.prune(to_us(T0) - 7 * DAY_US) == 0
+    assert await inbox.prune(to_us(T0 + timedelta(days=8)) - 7 * DAY_US) == 1
+    assert [r.key for r in await _rows(db)] == ["newer:h"]
+
+
+async def test_a_segment_number_is_never_used_twice_after_a_prune(
+    tmp_path: Path, inbox: Inbox, db: StateDB
+) -> None:
+    """The highest-numbered segment stays, even when all of it is old and finished and no
+    process writes to it, so that the next one gets a new number (a state database restored
+    from an older copy must never find its rows' segment holding other lines)."""
+    clock = _Clock()
+    for n in range(2):  # two earlier processes, a segment each, all finished long ago
+        earlier = Inbox(inbox.root, db, clock=clock, audit=_audit(tmp_path))
+        done = await earlier.accept(_delivery(f"old-{n}:h", received_at=T0))
+        assert isinstance(done, Accepted) and await earlier.claim(done.wake_id)
+        await earlier.finish(done.wake_id, "done", run_id=None, note=None)
+
+    assert await inbox.prune(to_us(T0 + timedelta(days=8)) - 7 * DAY_US) == 1
+    assert _names(inbox) == ["wakes-000002.seg"]
+    await inbox.accept(_delivery("new:h", received_at=T0 + timedelta(days=8)))
+    assert _names(inbox) == ["wakes-000002.seg", "wakes-000003.seg"]
+    assert {r.key: r.file for r in await _rows(db)} == {"old-1:h": "wakes-000002.seg",
+                                                        "new:h": "wakes-000003.seg"}
 
 
 

@@ -242,8 +242,9 @@ async def test_serve_forgets_finished_deliveries_older_than_the_retention_with_t
     server: ModelServer, tmp_path: Path
 ) -> None:
     """`bothy serve` prunes the inbox: deliveries finished more than
-    `wakes.keep_deliveries_days` ago are forgotten, rows and segment files, at start-up;
-    newer ones and the segment being written stay; a forgotten one sent again is new."""
+    `wakes.keep_deliveries_days` ago are forgotten, rows and segment files, at start-up, and
+    recorded `wake pruned`; newer ones and the highest-numbered segment stay; a forgotten one
+    sent again is new."""
     site = serve_site(tmp_path, server)
     async with Shell(site) as shell:
         for attempt in range(2):  # two processes: a segment each
@@ -254,8 +255,9 @@ async def test_serve_forgets_finished_deliveries_older_than_the_retention_with_t
             assert await serving.stop() == 0
         written = _segments(site)
         with _state(site) as db:  # eight days pass for the first process's
-            db.execute("UPDATE wakes SET received_us = received_us - ?"
-                       " WHERE key LIKE 'old-0-%'", (8 * 86_400 * 1_000_000,))
+            db.execute("UPDATE wakes SET received_us = received_us - ?,"
+                       " finished_us = finished_us - ? WHERE key LIKE 'old-0-%'",
+                       (8 * 86_400 * 1_000_000,) * 2)
 
         restarted = await _start_serve(shell)
         await until(lambda: _segments(site) != written, "the old segment pruned")
@@ -269,3 +271,5 @@ async def test_serve_forgets_finished_deliveries_older_than_the_retention_with_t
     assert keys == sorted([_key("old-0-0"), *(_key(f"old-1-{n}") for n in range(3))])
     assert _segments(site)[0] == written[1] and len(_segments(site)) == 2
     assert (again.status_code, again.json()["status"]) == (200, "ignored")  # new, not duplicate
+    [pruned] = records(site, "wake", "pruned")
+    assert (pruned.details["wakes"], pruned.details["segments"]) == (3, [written[0]])

@@ -49,7 +49,7 @@ class EventTable:
 EVENTS = EventTable({
     # A wake reaching Bothy, and what became of it before or instead of a run.
     "wake": ("received", "ignored", "deferred", "abandoned", "interrupted", "crashed",
-             "requeued", "reinserted"),
+             "requeued", "reinserted", "pruned"),
     # A run's life: gates, worker, end; its recovery by a later Bothy; a job's own check.
     "run": ("admitted", "refused", "started", "finished", "cancel-requested", "recovered",
             "verified", "verification-failed", "question"),

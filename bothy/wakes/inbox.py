@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bothy.clock import Clock, to_us
+from bothy.clock import Clock, from_us, to_us
 from bothy.engine.audit import AuditLog
 from bothy.engine.state import StateDB
 from bothy.errors import BothyError, InboxError
@@ -434,8 +434,9 @@ class Inbox:
         return [WakeRow.from_row(row) for row in rows]
 
     async def prune(self, older_than_us: int) -> int:
-        """Forget finished wakes received before ``older_than_us``, with their payloads
-        (:meth:`bothy.wakes.retention.Retention.prune` says what goes); returns how many.
+        """Forget wakes finished before ``older_than_us``, with their payloads
+        (:meth:`bothy.wakes.retention.Retention.prune` says what goes), recorded ``wake
+        pruned`` when anything went; returns how many wakes.
 
         Intake waits meanwhile (milliseconds, once an hour from ``bothy serve``): a segment is
         judged by its rows only once every batch appended to it has its rows.
@@ -443,7 +444,12 @@ class Inbox:
         async with self._appending:  # no batch appends while the segments are judged ...
             async with self._recording, self._inserting:  # ... and every earlier one is in
                 pass
-            return await self._retention.prune(older_than_us)
+            pruned = await self._retention.prune(older_than_us)
+        if pruned.wakes or pruned.segments:
+            await self._audit.record("wake", "pruned", "ok", details={
+                "wakes": pruned.wakes, "segments": pruned.segments,
+                "finished_before": from_us(older_than_us).isoformat()})
+        return pruned.wakes
 
     async def keep_pruned(self, keep_s: float, stop: asyncio.Event) -> None:
         """Prune what finished more than ``keep_s`` ago now, then every hour, until ``stop``

@@ -5,9 +5,12 @@ after it finished for ``wakes.keep_deliveries_days``: long enough that GitHub's 
 it (3 days back, 7 on GHES: contracts.md §1.5) is recognised as a duplicate. After that it is
 forgotten, so that the inbox does not grow without bound on a site that runs for years:
 
-- a segment goes, with its rows, once every wake in it is finished and was received before
-  the cut-off; never the one this process appends to (:mod:`bothy.wakes.segments` starts a
-  new one past a size and an age, so that the current one too becomes old and goes);
+- a segment goes, with its rows, once every wake in it finished before the cut-off (a row
+  closed before finish times were kept counts from when it was received); never the one this
+  process appends to (:mod:`bothy.wakes.segments` starts a new one past a size and an age, so
+  that the current one too becomes old and goes), and never the highest-numbered one on disk:
+  a new segment is numbered one past it, and a number must never name two segments (a state
+  database restored from an older copy would point its rows at the new one's lines);
 - lines that never got a row (a batch answered 503) go with their segment; a segment with no
   row at all goes once its file is older than the cut-off;
 - payload files of an older Bothy (one per delivery) go as before, with the temporary files
@@ -23,6 +26,7 @@ import contextlib
 import logging
 import sqlite3
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from bothy.clock import Clock, to_us
@@ -34,8 +38,17 @@ from bothy.wakes.segments import Segments
 FINISHED = ("done", "ignored", "abandoned")  # the statuses of a wake that will not run again
 _DELETE_CHUNK = 500  # ids per DELETE statement, well under SQLite's 32,766 variables
 _PRUNE_EVERY_S = 3600.0
+_FINISHED_US = "COALESCE(finished_us, received_us)"  # rows closed before finish times were kept
 
 _log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What a prune forgot: how many wakes, and the segment files it removed."""
+
+    wakes: int
+    segments: list[str]
 
 
 class Retention:
@@ -69,9 +82,9 @@ class Retention:
                 async with asyncio.timeout(every_s):
                     await stop.wait()
 
-    async def prune(self, older_than_us: int) -> int:
-        """Forget finished wakes received before ``older_than_us``, payloads first, then rows
-        (see the module docstring); returns how many wakes. InboxError if the disk or the
+    async def prune(self, older_than_us: int) -> Pruned:
+        """Forget wakes finished before ``older_than_us``, payloads first, then rows
+        (see the module docstring); says what went. InboxError if the disk or the
         state database refuses (what was not removed stays, to be pruned next time).
 
         The caller makes sure no batch is between its segment append and its rows meanwhile
@@ -82,13 +95,13 @@ class Retention:
         except sqlite3.Error as exc:
             raise InboxError(f"Cannot forget old wakes in the state database: {exc}") from exc
 
-    async def _prune(self, older_than_us: int) -> int:
+    async def _prune(self, older_than_us: int) -> Pruned:
         marks = ",".join("?" for _ in FINISHED)
         files = await self._db.fetch_all(
             f"SELECT id, file FROM wakes WHERE payload_at IS NULL AND status IN ({marks})"
-            " AND received_us < ?", (*FINISHED, older_than_us))
+            f" AND {_FINISHED_US} < ?", (*FINISHED, older_than_us))
         segments = await self._db.fetch_all(
-            f"SELECT file, COUNT(*) AS wakes, SUM(status IN ({marks}) AND received_us < ?)"
+            f"SELECT file, COUNT(*) AS wakes, SUM(status IN ({marks}) AND {_FINISHED_US} < ?)"
             " AS old FROM wakes WHERE payload_at IS NOT NULL GROUP BY file",
             (*FINISHED, older_than_us))
         indexed = {row["file"]: row["wakes"] == row["old"] for row in segments}
@@ -112,13 +125,14 @@ class Retention:
                 forgotten += await self._db.execute(
                     f"DELETE FROM wakes WHERE file IN ({','.join('?' for _ in names)})"
                     " AND payload_at IS NOT NULL", tuple(names))
-        return forgotten
+        return Pruned(forgotten, gone)
 
     def _prune_segments(self, indexed: dict[str, bool], older_than_us: int) -> list[str]:
         """Remove the segments that may go; return their names, with those of segments
         already gone whose rows may go (a prune that failed between the two)."""
         present = self._segments.names()
-        gone = [name for name in present if name != self._segments.current
+        kept = {self._segments.current, *present[-1:]}  # the one written, the highest number
+        gone = [name for name in present if name not in kept
                 and indexed.get(name, self._segments.mtime_us(name) < older_than_us)]
         self._segments.remove(gone)
         return gone + [name for name, old in indexed.items() if old and name not in present]
