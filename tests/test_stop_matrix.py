@@ -248,7 +248,9 @@ async def test_a_stop_or_crash_at_any_point_loses_nothing_and_runs_nothing_twice
             await until(lambda: not _unresolved(site, answered), "every delivery resolved",
                         timeout_s=SETTLE_S)
         await until(lambda: _all_finished(site), "no run left in progress", timeout_s=SETTLE_S)
-        assert await restarted.stop() == 0
+        restarted.command.signal(signal.SIGTERM)
+        stopped = await restarted.command.finish(timeout_s=DEADLINE_S)
+        assert stopped.code == 0, stopped.stderr
         verified = await shell.bothy("audit", "verify")
 
     assert answered, "no delivery was answered before the signal"

@@ -324,14 +324,38 @@ class StateDB:
         Transactions on this connection take turns (not re-entrant: do not nest them).
         """
         async with self._transaction_lock:
-            await self._db.execute("BEGIN IMMEDIATE")
+            try:
+                await self._to_its_end("BEGIN IMMEDIATE")
+            except asyncio.CancelledError:
+                if self._db.in_transaction:  # begun after all: the caller will not go on
+                    await self._to_its_end("ROLLBACK")
+                raise
             try:
                 yield self
             except BaseException:
-                await self._db.execute("ROLLBACK")
+                await self._to_its_end("ROLLBACK")
                 raise
             else:
-                await self._db.execute("COMMIT")
+                await self._to_its_end("COMMIT")
+
+    async def _to_its_end(self, sql: str) -> None:
+        """Run a statement that begins or ends a transaction to its end, even if the caller is
+        cancelled meanwhile (then the cancellation is raised once it has ended).
+
+        aiosqlite runs a statement on in its thread whatever happens to the awaiting task: a
+        BEGIN cancelled half-way would otherwise leave the connection inside a transaction
+        nobody ends, and every later one would fail ("cannot start a transaction within a
+        transaction") for the life of the process.
+        """
+        statement = asyncio.ensure_future(self._db.execute(sql))
+        try:
+            await asyncio.shield(statement)
+        except asyncio.CancelledError:
+            if not statement.done():
+                await asyncio.wait({statement})
+            if not statement.cancelled():
+                statement.exception()  # seen here: the cancellation is what is raised
+            raise
 
     async def atomic(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         """Run one writing statement as a transaction of its own; return the rows it returns.
