@@ -6,8 +6,10 @@ item 4): every tamper variant named by `audit verify` and `doctor` and refused b
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -282,3 +284,96 @@ async def test_audit_head_prints_the_verified_head(tmp_path: Path) -> None:
     site.audit_path.write_bytes(b"".join(_lines(site)[:4]))
     cut = await site.bothy("audit", "head")
     assert cut.code == 1 and "records 0005–0006 are missing" in cut.stdout, cut.stdout
+
+
+def _anchored_seq(site: Site) -> int:
+    seq: int = json.loads(site.audit_path.with_name("audit.jsonl.checkpoint").read_bytes())["seq"]
+    return seq
+
+
+async def test_verify_while_a_writer_appends_never_names_records_missing(
+    tmp_path: Path,
+) -> None:
+    """verify and head while another writer commits record after record (its checkpoint
+    advancing past what a reader walked): never a false `missing from the end`; once the
+    writer stops, a register cut back is still named."""
+    site = _site_with_records(tmp_path, count=1)
+    log = AuditLog(site.audit_path)
+    await asyncio.gather(*(log.record("sop", "saved", "ok", subject=f"sop:s{n}")
+                           for n in range(2000)))  # a walk long enough for appends to land in
+    stop = threading.Event()
+
+    def write() -> None:
+        writer = AuditLog(site.audit_path)
+        while not stop.is_set():
+            writer.append("sop", "saved", "ok", subject="sop:burst")
+
+    before = _anchored_seq(site)
+    thread = threading.Thread(target=write, name="burst-writer")
+    thread.start()
+    try:
+        reports = [await asyncio.to_thread(log.verify) for _ in range(40)]
+        verified = [await site.bothy("audit", "verify") for _ in range(3)]
+        heads = [await site.bothy("audit", "head") for _ in range(3)]
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+
+    assert _anchored_seq(site) > before + len(reports)  # the checkpoint moved all along
+    assert [r.problem for r in reports if not r.ok] == []
+    for done in verified + heads:
+        assert done.code == 0 and "missing" not in done.stdout, done.stdout
+    site.audit_path.write_bytes(b"".join(_lines(site)[:-3]))
+    cut = await site.bothy("audit", "verify")
+    assert cut.code == 1 and "are missing from the end" in cut.stdout, cut.stdout
+
+
+def _cut_in_place(site: Site) -> None:
+    site.audit_path.write_bytes(b"".join(_lines(site)[:4]))  # `head -n 4 > t && cat t >`
+
+
+def _replaced_by_older_copy(site: Site) -> None:
+    older = site.audit_path.with_name("older-copy")
+    older.write_bytes(b"".join(_lines(site)[:4]))
+    older.replace(site.audit_path)
+
+
+@pytest.mark.codex
+@pytest.mark.parametrize("cut", [_cut_in_place, _replaced_by_older_copy])
+async def test_a_register_cut_below_its_anchored_head_is_repaired_naming_the_missing_records(
+    tmp_path: Path, cut: Callable[[Site], None]
+) -> None:
+    """Records cut from the end: serve refuses and sends the operator to `audit repair`,
+    which keeps the file aside and starts a new segment after the last good record naming
+    the missing records; then verify passes with its warning and serve starts."""
+    site = _site_with_records(tmp_path)
+    cut(site)
+    short = site.audit_path.read_bytes()
+    named = "records 0005–0006 are missing from the end"
+    serve = await site.bothy("serve", timeout_s=30)
+    assert serve.code == 78 and "bothy audit repair" in serve.stderr, serve.stderr
+
+    repaired = await site.bothy("audit", "repair")
+
+    assert repaired.code == 0 and named in repaired.stdout, repaired.stdout
+    assert "nothing to repair" not in repaired.stdout
+    kept = [p for p in site.audit_path.parent.iterdir() if ".broken-" in p.name]
+    assert len(kept) == 1 and kept[0].read_bytes() == short
+    first = json.loads(site.audit_path.read_bytes().splitlines()[0])
+    assert (first["seq"], first["kind"], first["event"]) == (5, "audit", "repaired")
+    assert first["details"]["last_good_seq"] == 4 and named in first["details"]["problem"]
+    assert first["prev"] == json.loads(short.splitlines()[3])["hash"]
+    verify = await site.bothy("audit", "verify")
+    assert verify.code == 0, verify.stdout
+    assert verify.stdout.splitlines()[1].startswith("[warn] repaired at seq 5: "), verify.stdout
+    assert (await site.bothy("audit", "repair")).stdout.startswith("audit chain intact")
+
+    async with Shell(site) as shell:
+        serving = await shell.start("serve")
+        await until(lambda: any(" serve ready " in line for line in site.audit_lines())
+                    or not serving.running, "`bothy serve` ready")
+        assert serving.running
+        serving.signal(signal.SIGTERM)
+        assert (await serving.finish()).code == 0
+    assert (await site.bothy("audit", "verify")).code == 0

@@ -42,7 +42,7 @@ from typing import Any
 from bothy.engine.auditchain import Fault, VerifyReport
 from bothy.engine.auditcheckpoint import against_anchor, read_checkpoint, remove_checkpoint
 from bothy.engine.auditevents import EVENTS, EventTable
-from bothy.engine.auditfile import exclusive_lock
+from bothy.engine.auditfile import FILE_MODE, exclusive_lock
 from bothy.engine.auditindex import RunIndex
 from bothy.engine.auditrecord import (
     GENESIS_HASH,
@@ -213,9 +213,11 @@ class AuditLog:
         Never raises for a bad chain. ``repaired_at`` names every repair: a repaired register
         verifies, but never as if nothing had happened.
         """
-        report = self._verify_segments(settle=True)
-        return against_anchor(report, read_checkpoint(self.checkpoint_path),
-                               self.checkpoint_path)
+        # The checkpoint first, then the file: a writer rewrites the checkpoint only after the
+        # fsync of what it covers, so the file read afterwards reaches at least that far. Read
+        # the other way round, a burst appended between the two reads would be named missing.
+        point = read_checkpoint(self.checkpoint_path)
+        return against_anchor(self._verify_segments(settle=True), point, self.checkpoint_path)
 
     def anchored_head(self) -> tuple[int, str] | None:
         """The seq and hash of the last record appended by a writer that had verified the
@@ -255,11 +257,16 @@ class AuditLog:
         """
         with self._writer.thread_lock, exclusive_lock(self._lock_path):
             self._writer.settle_locked()
-            report = self._verify_segments(settle=False)
+            # Records cut from the end (a register cut back to a record boundary, or replaced
+            # by an older copy) are a break like any other: compared with the anchored head.
+            report = against_anchor(self._verify_segments(settle=False),
+                                    read_checkpoint(self.checkpoint_path), self.checkpoint_path)
             if report.ok:
                 return None
             stamp = self._writer.now().strftime("%Y%m%dT%H%M%S.%fZ")
             kept = self.path.with_name(f"{self.path.name}.broken-{stamp}")
+            if not self.path.exists():  # every record lost, the file too: keep it empty
+                self.path.touch(mode=FILE_MODE)
             os.rename(self.path, kept)  # the broken file itself, byte for byte
             fsync_directory(self.path.parent)
             remove_checkpoint(self.checkpoint_path)
