@@ -25,7 +25,7 @@ from bothy.config import Config, load_config
 from bothy.engine.audit import AuditLog
 from bothy.engine.launch import Launch, build_launch, codex_version
 from bothy.engine.prices import PriceTable
-from bothy.errors import BothyError, ConfigError
+from bothy.errors import AuditIntegrityError, BothyError, ConfigError
 from bothy.home import BothyHome, loose_mode
 
 Status = Literal["ok", "warn", "fail"]
@@ -245,7 +245,11 @@ async def check_orphans(scene: Scene) -> Finding:
         return fail(f"needs the state directory: {scene.state_problem}")
     async with Runtime.open(scene.home, scene.cfg) as rt:
         recovery = rt.recovery()
-        recovered = await recovery.sweep()
+        try:
+            recovered = await recovery.sweep()
+        except AuditIntegrityError:
+            return fail("not swept: what it ends must be recorded, and the register is broken"
+                        " (see 'audit chain intact'): run bothy audit repair, then doctor again")
     named = [item.run_id for item in recovered]
     named += [f"spare app-server pgid {pgid}" for pgid in recovery.spares_ended]
     left = f"{len(named)} process group(s) left by a previous instance"

@@ -268,11 +268,17 @@ def _wakes_waiting(db: sqlite3.Connection, zone: ZoneInfo) -> list[dict[str, Any
 def _spares(db: sqlite3.Connection, zone: ZoneInfo, serve_pid: int | None) -> list[dict[str, Any]]:
     """The spare app-servers no run has taken (engine/spare.py): the running serve's, or one
     left by a serve that died (ended by the next start or ``bothy doctor``)."""
-    rows = _rows(db, "SELECT pgid, leader_pid, owner_pid, started_us FROM spares ORDER BY pgid",
-                 ())
-    return [{"pgid": row["pgid"], "pid": row["leader_pid"],
-             "started_at": minute_iso(row["started_us"], zone),
-             "owner_alive": row["owner_pid"] == serve_pid} for row in rows]
+    rows = _rows(db, "SELECT pgid, leader_pid, leader_start, owner_pid, started_us FROM spares"
+                 " ORDER BY pgid", ())
+    spares = []
+    for row in rows:
+        owner_alive = row["owner_pid"] == serve_pid
+        spares.append({"pgid": row["pgid"], "pid": row["leader_pid"],
+                       "started_at": minute_iso(row["started_us"], zone),
+                       "owner_alive": owner_alive,
+                       "alive": owner_alive or _same_process(row["leader_pid"],
+                                                             row["leader_start"])})
+    return spares
 
 
 def _running(row: sqlite3.Row, now_us: int) -> dict[str, Any]:
@@ -417,7 +423,10 @@ def render_status(report: dict[str, Any]) -> str:
     lines.append(f"bothy serve: {report['serve']}")
     for spare in report["spares"]:
         gone = ("" if spare["owner_alive"] else
-                " — its bothy serve is gone: the next start or bothy doctor ends it")
+                " — its bothy serve is gone: the next start or bothy doctor ends it"
+                if spare["alive"] else
+                " — its bothy serve is gone and it has exited: the next start or bothy doctor"
+                " forgets it")
         lines.append(f"  spare app-server: pid {spare['pid']} (group {spare['pgid']}), started"
                      f" {spare['started_at']}{gone}")
     chat = report["chat"]

@@ -193,6 +193,35 @@ async def test_status_shows_the_spare_and_doctor_ends_it_after_a_sigkill_of_serv
     assert _spare_rows(site) == []
 
 
+async def test_doctor_on_a_broken_register_keeps_the_spare_for_after_the_repair(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """SIGKILL of serve with a spare waiting, then the register's last record cut: doctor's
+    orphan line says it cannot sweep (what it ends must be recorded) and forgets nothing;
+    after `bothy audit repair`, doctor ends the spare and it is recorded once."""
+    site = serve_site(tmp_path, server, codex={
+        "command": ["/bin/sh", "-c", _WITH_A_CHILD, str(codex_binary()), "app-server"]})
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        [spare] = await _spares_started(site, 1)
+        pgid = int(spare.details["pgid"])  # type: ignore[call-overload]
+        serving.command.signal(signal.SIGKILL)
+        await serving.command.finish()
+        kept = site.audit_path.read_bytes().splitlines(keepends=True)
+        site.audit_path.write_bytes(b"".join(kept[:-1]))
+        refused = await shell.bothy("doctor")
+        assert _spare_rows(site) == [pgid]
+        assert (await shell.bothy("audit", "repair")).code == 0
+        swept = await shell.bothy("doctor")
+    assert ("[fail] no orphaned workers: not swept: what it ends must be recorded, and the"
+            " register is broken") in refused.stdout, refused.stdout
+    assert "AuditIntegrityError" not in refused.stdout
+    assert f"(spare app-server pgid {pgid}): ended and audited" in swept.stdout, swept.stdout
+    assert [r.details["pgid"] for r in _spare_records(site, "recovered")] == [pgid]
+    assert live_members(pgid) == []
+    assert _spare_rows(site) == []
+
+
 async def test_a_profile_with_its_own_codex_config_starts_cold_and_the_spare_waits(
     server: ModelServer, tmp_path: Path
 ) -> None:

@@ -74,15 +74,18 @@ class Recovery:
             outcome = await end_orphan_group(record, grace_s=self._grace_s)
             if outcome.survivors:
                 continue  # still recorded: the next sweep tries again
+            # Recorded before the row goes: a record refused (a broken register) keeps the row,
+            # and the next sweep tries again, rather than forgetting a spare nobody recorded.
             async with self._db.transaction():
                 changed = await self._db.execute(
                     "DELETE FROM spares WHERE pgid = ? AND leader_start = ?",
                     (record.pgid, record.leader_start))
+                if changed:
+                    await self._audit.record("spare", "recovered", "ok", details={
+                        "owner_pid": spare["owner_pid"], "pgid": record.pgid,
+                        "group": outcome.describe()})
             if changed:
                 ended.append(record.pgid)
-                await self._audit.record("spare", "recovered", "ok", details={
-                    "owner_pid": spare["owner_pid"], "pgid": record.pgid,
-                    "group": outcome.describe()})
         return ended
 
     async def _end_group(self, row: RunRow) -> str:
