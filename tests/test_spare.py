@@ -80,6 +80,18 @@ async def _run_one(serving: Serving, site: Site, number: int) -> AuditRecord:
     return _started(site, finished[-1])
 
 
+def _site_whose_codex_carries_a_child(root: Path, server: ModelServer) -> Site:
+    return serve_site(root, server, codex={
+        "command": ["/bin/sh", "-c", _WITH_A_CHILD, str(codex_binary()), "app-server"]})
+
+
+async def _serve_with_a_spare_waiting(shell: Shell) -> tuple[Serving, AuditRecord, int]:
+    """`bothy serve` started, once its spare is: the serve, the spare's record, its pgid."""
+    serving = await start_serve(shell)
+    [spare] = await _spares_started(shell.site, 1)
+    return serving, spare, int(spare.details["pgid"])  # type: ignore[call-overload]
+
+
 async def test_each_run_takes_its_own_spare_and_the_stop_ends_the_last(
     server: ModelServer, tmp_path: Path
 ) -> None:
@@ -144,12 +156,9 @@ async def test_sigkill_of_serve_leaves_no_spare_once_the_next_start_recovers(
     """SIGKILL of `bothy serve` with a spare waiting: its group outlives serve (a member that
     does not read codex's input), the next `bothy serve` ends it and records `spare recovered`,
     and psutil finds nothing left in the group."""
-    site = serve_site(tmp_path, server, codex={
-        "command": ["/bin/sh", "-c", _WITH_A_CHILD, str(codex_binary()), "app-server"]})
+    site = _site_whose_codex_carries_a_child(tmp_path, server)
     async with Shell(site) as shell:
-        serving = await start_serve(shell)
-        [spare] = await _spares_started(site, 1)
-        pgid = int(spare.details["pgid"])  # type: ignore[call-overload]
+        serving, _, pgid = await _serve_with_a_spare_waiting(shell)
         assert len(live_members(pgid)) == 2  # codex and the child it carries
         serving.command.signal(signal.SIGKILL)
         await serving.command.finish()
@@ -170,12 +179,9 @@ async def test_status_shows_the_spare_and_doctor_ends_it_after_a_sigkill_of_serv
     """`bothy status` shows the waiting spare; after serve was SIGKILLed, it says the spare's
     serve is gone, and `bothy doctor`'s orphan check ends the spare's group and counts it on
     its line, as it does a run's."""
-    site = serve_site(tmp_path, server, codex={
-        "command": ["/bin/sh", "-c", _WITH_A_CHILD, str(codex_binary()), "app-server"]})
+    site = _site_whose_codex_carries_a_child(tmp_path, server)
     async with Shell(site) as shell:
-        serving = await start_serve(shell)
-        [spare] = await _spares_started(site, 1)
-        pgid = int(spare.details["pgid"])  # type: ignore[call-overload]
+        serving, spare, pgid = await _serve_with_a_spare_waiting(shell)
         waiting = await shell.bothy("status")
         serving.command.signal(signal.SIGKILL)
         await serving.command.finish()
@@ -199,12 +205,9 @@ async def test_doctor_on_a_broken_register_keeps_the_spare_for_after_the_repair(
     """SIGKILL of serve with a spare waiting, then the register's last record cut: doctor's
     orphan line says it cannot sweep (what it ends must be recorded) and forgets nothing;
     after `bothy audit repair`, doctor ends the spare and it is recorded once."""
-    site = serve_site(tmp_path, server, codex={
-        "command": ["/bin/sh", "-c", _WITH_A_CHILD, str(codex_binary()), "app-server"]})
+    site = _site_whose_codex_carries_a_child(tmp_path, server)
     async with Shell(site) as shell:
-        serving = await start_serve(shell)
-        [spare] = await _spares_started(site, 1)
-        pgid = int(spare.details["pgid"])  # type: ignore[call-overload]
+        serving, _, pgid = await _serve_with_a_spare_waiting(shell)
         serving.command.signal(signal.SIGKILL)
         await serving.command.finish()
         kept = site.audit_path.read_bytes().splitlines(keepends=True)

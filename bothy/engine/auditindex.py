@@ -29,7 +29,6 @@ An index never decides truth, it only says where to look:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import re
@@ -38,6 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from bothy.engine.auditfile import settled_size
 from bothy.engine.auditrecord import AuditRecord, body_of, parse_line
 
 if TYPE_CHECKING:
@@ -445,15 +445,7 @@ def _settled_size(lock_path: Path, register: Path) -> int | None:
     except FileNotFoundError:
         return None
     try:
-        try:
-            lock_fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return os.fstat(fd).st_size
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_SH)
-            return os.fstat(fd).st_size
-        finally:
-            os.close(lock_fd)
+        return settled_size(lock_path, fd)
     finally:
         os.close(fd)
 
