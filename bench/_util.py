@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
@@ -19,6 +20,19 @@ def scratch(prefix: str) -> Path:
     root = REPO / ".bench"
     root.mkdir(exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now, for a server the bench starts."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def made(path: Path) -> Path:
+    """``path``, created with its parents if need be."""
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def run_against_fakes(prefix: str, bench: Callable[[Path], Awaitable[None]]) -> None:

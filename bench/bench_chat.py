@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import itertools
 import signal
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -43,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench._util import REPO, figure, median, percentile, run_against_fakes
+from bench._util import REPO, figure, free_port, made, median, percentile, run_against_fakes
 
 MENTIONS = 20
 IDLE_S = 2.0
@@ -140,7 +139,7 @@ async def _bench(root: Path) -> None:
     async with (ModelServer() as model, FakeSlack(ack_timeout_s=5.0) as slack,
                 FakeSlack(ack_timeout_s=5.0) as slack_cold):
         slack_connect_s = await _slack_serve(root / "slack", model, slack, slack_cold)
-        certificates = Certificates.create(_mkdir(root / "tls"))
+        certificates = Certificates.create(made(root / "tls"))
         async with FakeDiscord(certificates) as discord:
             await _both_serve(root / "both", model, slack, discord, certificates,
                               slack_connect_s)
@@ -446,7 +445,7 @@ def _site(root: Path, model: Any, *, slack: Any, discord: bool = False,
     if discord:
         chat["discord"] = {"allowed_users": [DISCORD_OPERATOR],
                            "alert_channel": ALERT_CHANNEL_ID}
-    return Site(_mkdir(root), model.base_url, listen={"tailnet_port": _free_port()}, chat=chat,
+    return Site(made(root), model.base_url, listen={"tailnet_port": free_port()}, chat=chat,
                 codex={"spare": spare})
 
 
@@ -458,12 +457,4 @@ def _rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
-
-def _mkdir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path

@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import json
 import signal
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -35,7 +34,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench._util import REPO, figure, median, run_against_fakes
+from bench._util import REPO, figure, free_port, made, median, run_against_fakes
 
 STARTS = 5
 AGED_RECORDS = 10_000  # the register of a site that has run for a while
@@ -73,9 +72,9 @@ async def _bench(root: Path) -> None:
               f" ready median {median(aged_starts.ready_ms):.0f} ms, serve's CPU by ready"
               f" {median(aged_starts.cpu_ms):.0f} ms: serve verifies the whole chain before its"
               " first record (docs/AUDIT.md), so this grows with the register")
-        certificates = Certificates.create(_mkdir(root / "tls"))
+        certificates = Certificates.create(made(root / "tls"))
         try:
-            opened = open_discord_network(_mkdir(root / "netns"), certificates)
+            opened = open_discord_network(made(root / "netns"), certificates)
             network = await opened.__aenter__()
         except NamespaceUnavailable as exc:
             _note(f"(b) Slack + Discord skipped: {exc}")
@@ -241,7 +240,7 @@ def _site(root: Path, model: Any, slack: Any, *, discord: bool = False) -> Any:
     if discord:
         chat["discord"] = {"allowed_users": [DISCORD_OPERATOR],
                            "alert_channel": ALERT_CHANNEL_ID}
-    return Site(_mkdir(root), model.base_url, listen={"tailnet_port": _free_port()}, chat=chat)
+    return Site(made(root), model.base_url, listen={"tailnet_port": free_port()}, chat=chat)
 
 
 def _list(values: list[float]) -> str:
@@ -252,12 +251,4 @@ def _note(text: str) -> None:
     print(f"      {text}", flush=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
-
-def _mkdir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from bench._util import REPO, figure, median, percentile, scratch
+from bench._util import REPO, figure, free_port, median, percentile, scratch
 from bothy.engine.auditrecord import GENESIS_HASH, format_ts, serialise_body, with_hash
 from bothy.engine.run import wake_id_for
 
@@ -37,13 +37,6 @@ TARGET_MS = 50
 _READY_S = 120.0
 _PER_PAGE_S = 10.0  # a slow page is loaded fewer times (at least three)
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _site(root: Path, port: int) -> None:
@@ -174,7 +167,7 @@ def _time(client: httpx.Client, path: str) -> list[float]:
 
 def main() -> None:
     root = scratch("web-")
-    port = _free_port()
+    port = free_port()
     _site(root, port)
     now = datetime.now(UTC)
     runs = _runs(now)

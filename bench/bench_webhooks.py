@@ -29,7 +29,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -39,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench._util import REPO, figure, median, percentile, scratch
+from bench._util import REPO, figure, free_port, median, percentile, scratch
 
 DELIVERIES = 2_000
 CLIENTS = 16
@@ -327,7 +326,7 @@ async def _serving(home_root: Path, model_url: str) -> AsyncIterator[tuple[int, 
     """A real `bothy serve` on a fresh site: yields its port, pid and the site."""
     from tests.fakes.site import Site
 
-    port = _free_port()
+    port = free_port()
     site = Site(home_root, model_url,
                 listen={"tailnet_port": port},
                 budget={"per_run_usd": "0.50", "per_day_usd": "0.50"},
@@ -372,9 +371,4 @@ def _count_rows(home: Path) -> int:
     finally:
         db.close()
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 

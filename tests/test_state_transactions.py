@@ -17,7 +17,9 @@ import pytest
 from bothy.engine.state import StateDB
 
 
-async def _approve(db: StateDB, tool: str) -> None:
+async def _approve(db: StateDB, tool: str, begun: asyncio.Event | None = None) -> None:
+    if begun is not None:
+        begun.set()  # its waiter runs once this task is suspended in the BEGIN below
     async with db.transaction():
         await db.execute("INSERT INTO approvals (tool, approved_by, approved_us, run_id)"
                          " VALUES (?, 'U1', 1, 'run_1')", (tool,))
@@ -30,8 +32,9 @@ async def test_a_transaction_cancelled_while_it_begins_leaves_the_connection_usa
     async with StateDB.open(path) as db:
         other = sqlite3.connect(path, isolation_level=None)
         other.execute("BEGIN IMMEDIATE")  # holds the write lock: our BEGIN waits behind it
-        cancelled = asyncio.create_task(_approve(db, "first"))
-        await asyncio.sleep(0)  # one turn: its BEGIN is handed to aiosqlite's thread
+        begun = asyncio.Event()
+        cancelled = asyncio.create_task(_approve(db, "first", begun))
+        await begun.wait()  # its BEGIN is handed to aiosqlite's thread, waiting for the lock
         cancelled.cancel()
         other.execute("ROLLBACK")  # the BEGIN now goes through, after its caller was cancelled
         other.close()
