@@ -1,5 +1,8 @@
 """`bothy status` cold start: median wall time, and its ratio to a bare `python3 -c pass`.
 
+Two sites: one with the config's default budget zone (UTC), as a site that never set one
+meets it, and one in Europe/Paris, whose status also loads the zone from the system's tz
+database (zoneinfo): both figures are printed, so the default's is not the only one seen.
 Where valgrind is installed, also the instructions each executes (callgrind), which the load
 of a shared machine does not move: wall times here swing twofold from one minute to the next.
 """
@@ -13,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from bench._util import REPO, figure, median, scratch
 
@@ -37,31 +41,42 @@ def _instructions(argv: list[str], env: dict[str, str]) -> int | None:
     return int(counted.group(1)) if counted else None
 
 
-def main() -> None:
-    root = scratch("status-")
-    (root / "work").mkdir()
+def _site(root: Path, timezone: str | None) -> dict[str, str]:
+    """A site that has run before (its state database exists: status reads it, never makes
+    it), and the environment that names it."""
+    (root / "work").mkdir(parents=True)
+    budget: dict[str, object] = {"mode": "api", "per_run_usd": 0.5, "per_day_usd": 25.0}
+    if timezone is not None:
+        budget["timezone"] = timezone
     (root / "config.json").write_text(json.dumps({
         "site": "bench", "workspace": str(root / "work"), "pool": {"max_workers": 2},
-        "budget": {"mode": "api", "per_run_usd": 0.5, "per_day_usd": 25.0},
+        "budget": budget,
     }))
     # As a site meets it: an installed bothy has its bytecode compiled (pip does that), so the
     # test environment's PYTHONDONTWRITEBYTECODE would measure compiling, not starting.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["BOTHY_HOME"] = str(root)
+    _time([str(REPO / ".venv" / "bin" / "bothy"), "schedule", "list"], env)
+    _time([str(REPO / ".venv" / "bin" / "bothy"), "status"], env)  # the stamp, the page cache
+    return env
+
+
+def main() -> None:
+    root = scratch("status-")
+    utc, paris = _site(root / "utc", None), _site(root / "paris", "Europe/Paris")
     bothy = [str(REPO / ".venv" / "bin" / "bothy"), "status"]
     bare = [sys.executable, "-c", "pass"]
-    # A site that has run before: its state database exists (status reads it, never makes it).
-    _time([str(REPO / ".venv" / "bin" / "bothy"), "schedule", "list"], env)
-    _time(bothy, env)  # warm the page cache and write the .pyc files once
-    # Side by side, one of each in turn, so that a change in the machine's load meets both.
-    pairs = [(_time(bothy, env), _time(bare, env)) for _ in range(RUNS)]
-    status_s = median([status for status, _ in pairs])
-    bare_s = median([bare for _, bare in pairs])
+    # Side by side, one of each in turn, so that a change in the machine's load meets all.
+    turns = [(_time(bothy, utc), _time(bare, utc), _time(bothy, paris)) for _ in range(RUNS)]
+    status_s, bare_s, paris_s = (median([turn[i] for turn in turns]) for i in range(3))
     figure("bothy status cold start (median)", status_s * 1000, "ms", 60, higher_is_better=False)
     print(f"   bare python3 -c pass: {bare_s * 1000:.1f} ms; bothy status is"
-          f" {status_s / bare_s:.1f}× that ({(status_s - bare_s) * 1000:.1f} ms of its own)")
-    status_ir, bare_ir = _instructions(bothy, env), _instructions(bare, env)
-    if status_ir and bare_ir:
+          f" {status_s / bare_s:.2f}× that ({(status_s - bare_s) * 1000:.1f} ms of its own);"
+          f" with budget.timezone Europe/Paris {paris_s * 1000:.1f} ms ({paris_s / bare_s:.2f}×)")
+    status_ir, bare_ir = _instructions(bothy, utc), _instructions(bare, utc)
+    paris_ir = _instructions(bothy, paris)
+    if status_ir and bare_ir and paris_ir:
         print(f"   instructions (callgrind): bothy status {status_ir / 1e6:.0f} M, bare python"
-              f" {bare_ir / 1e6:.0f} M: {status_ir / bare_ir:.2f}×")
+              f" {bare_ir / 1e6:.0f} M: {status_ir / bare_ir:.2f}×; in Europe/Paris"
+              f" {paris_ir / 1e6:.0f} M: {paris_ir / bare_ir:.2f}×")
     shutil.rmtree(root, ignore_errors=True)

@@ -15,8 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from datetime import datetime
-from zoneinfo import ZoneInfo
+from datetime import UTC, datetime, tzinfo
 
 from bothy.clock import minute_iso, to_us, utc_now
 from bothy.errors import StateCorruptError
@@ -89,13 +88,24 @@ def _validate(home: BothyHome, stamp: Path) -> StatusView:
     return view
 
 
+def _zone(name: str) -> tzinfo:
+    """The budget's time zone. UTC, the default, is the standard library's fixed zone: it shows
+    every time as ``ZoneInfo("UTC")`` would (offset +00:00, no transitions), without importing
+    zoneinfo and sysconfig's data on the way, a sixth of status's own start (issue 18)."""
+    if name == "UTC":
+        return UTC
+    from zoneinfo import ZoneInfo
+
+    return ZoneInfo(name)
+
+
 def collect_status(home: BothyHome, view: StatusView) -> dict[str, Any]:
     """A JSON-able picture of the site now."""
     return _collect(home, view, utc_now())
 
 
 def _collect(home: BothyHome, view: StatusView, now: datetime) -> dict[str, Any]:
-    day = now.astimezone(ZoneInfo(view.timezone)).date().isoformat()
+    day = now.astimezone(_zone(view.timezone)).date().isoformat()
     report: dict[str, Any] = {
         "site": view.site,
         "day": day,
@@ -125,7 +135,7 @@ def _collect(home: BothyHome, view: StatusView, now: datetime) -> dict[str, Any]
         report["traces_waiting"] = waiting
     if not home.db_path.exists():
         return report
-    zone = ZoneInfo(view.timezone)
+    zone = _zone(view.timezone)
     db = sqlite3.connect(f"file:{home.db_path}?mode=ro", uri=True, timeout=5)
     db.row_factory = sqlite3.Row
     try:
@@ -146,7 +156,7 @@ def _collect(home: BothyHome, view: StatusView, now: datetime) -> dict[str, Any]
 
 
 def _fill(
-    db: sqlite3.Connection, report: dict[str, Any], day: str, now_us: int, zone: ZoneInfo
+    db: sqlite3.Connection, report: dict[str, Any], day: str, now_us: int, zone: tzinfo
 ) -> None:
     used = db.execute("SELECT COALESCE(SUM(micros), 0) FROM spend WHERE day = ?", (day,))
     report["used_usd"] = format_usd(int(used.fetchone()[0]), 4)
@@ -171,7 +181,7 @@ def _fill(
     report["reserved_usd"] = format_usd(reserved, 4)
 
 
-def _plan(db: sqlite3.Connection, report: dict[str, Any], now: datetime, zone: ZoneInfo) -> None:
+def _plan(db: sqlite3.Connection, report: dict[str, Any], now: datetime, zone: tzinfo) -> None:
     """The rate-limit windows last seen, aged as the plan gate ages them (bothy.engine.windows:
     a window past its reset counts as reset), and the open plan reservations."""
     try:
@@ -198,7 +208,7 @@ def _plan(db: sqlite3.Connection, report: dict[str, Any], now: datetime, zone: Z
         })
 
 
-def _schedules(db: sqlite3.Connection, zone: ZoneInfo, now_us: int) -> list[dict[str, Any]]:
+def _schedules(db: sqlite3.Connection, zone: tzinfo, now_us: int) -> list[dict[str, Any]]:
     """Each schedule with its next fire as ``bothy serve`` last computed it (evaluating cron
     here would mean importing APScheduler). A next fire in the past means nobody fired it."""
     try:
@@ -220,11 +230,11 @@ def _schedules(db: sqlite3.Connection, zone: ZoneInfo, now_us: int) -> list[dict
     return found
 
 
-def _local(micros: int | None, zone: ZoneInfo) -> str | None:
+def _local(micros: int | None, zone: tzinfo) -> str | None:
     return minute_iso(micros, zone) if micros else None
 
 
-def _held_questions(db: sqlite3.Connection, zone: ZoneInfo, now_us: int) -> list[dict[str, Any]]:
+def _held_questions(db: sqlite3.Connection, zone: tzinfo, now_us: int) -> list[dict[str, Any]]:
     """Questions a running run is waiting on a person for (SPEC §6)."""
     rows = _rows(
         db, "SELECT q.run_id, r.subject, q.kind, q.tool, q.text, q.deadline_us FROM questions q"
@@ -255,7 +265,7 @@ def _rows(db: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[sql
         return []
 
 
-def _wakes_waiting(db: sqlite3.Connection, zone: ZoneInfo) -> list[dict[str, Any]]:
+def _wakes_waiting(db: sqlite3.Connection, zone: tzinfo) -> list[dict[str, Any]]:
     """Wakes refused at a gate and queued again for a later try."""
     rows = _rows(
         db, "SELECT source, route, key, attempts, next_try_us, note FROM wakes"
@@ -265,7 +275,7 @@ def _wakes_waiting(db: sqlite3.Connection, zone: ZoneInfo) -> list[dict[str, Any
              "note": row["note"]} for row in rows]
 
 
-def _spares(db: sqlite3.Connection, zone: ZoneInfo, serve_pid: int | None) -> list[dict[str, Any]]:
+def _spares(db: sqlite3.Connection, zone: tzinfo, serve_pid: int | None) -> list[dict[str, Any]]:
     """The spare app-servers no run has taken (engine/spare.py): the running serve's, or one
     left by a serve that died (ended by the next start or ``bothy doctor``)."""
     rows = _rows(db, "SELECT pgid, leader_pid, leader_start, owner_pid, started_us FROM spares"
@@ -306,7 +316,7 @@ def _serve(home: BothyHome, report: dict[str, Any], now: datetime) -> int | None
         return None
     report["serve"] = f"{published.get('state', '?')} (pid {pid}, ports {published.get('ports')})"
     report["chat"] = published.get("chat") or {}
-    report["chat_connections"] = _connections(published, now, ZoneInfo(report["timezone"]))
+    report["chat_connections"] = _connections(published, now, _zone(report["timezone"]))
     return pid
 
 
@@ -326,11 +336,11 @@ def chat_connections(home: BothyHome, zone: str) -> dict[str, dict[str, Any]] | 
     if published is None or not _same_process(int(published["pid"]),
                                               published.get("pid_start")):
         return None
-    return _connections(published, utc_now(), ZoneInfo(zone))
+    return _connections(published, utc_now(), _zone(zone))
 
 
 def _connections(
-    published: dict[str, Any], now: datetime, zone: ZoneInfo
+    published: dict[str, Any], now: datetime, zone: tzinfo
 ) -> dict[str, dict[str, Any]]:
     """What the daemon's liveness watch published (bothy/chat/liveness.py), aged to ``now``."""
     heard = published.get("chat_heard")

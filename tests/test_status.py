@@ -54,6 +54,23 @@ async def test_status_json_reports_the_day(tmp_path: Path) -> None:
 
 
 @pytest.mark.codex
+async def test_status_reads_alike_however_its_line_is_spelt(tmp_path: Path) -> None:
+    """`bothy status --json` (read without argparse) and `--js` (which only the full grammar
+    reads) print one report; a stray word gets status's own usage and exit 64."""
+    site = Site(tmp_path, "http://127.0.0.1:9/v1")
+    (site.home / "state").mkdir(mode=0o700)
+    exact = await site.bothy("status", "--json")
+    abbreviated = await site.bothy("status", "--js")
+    stray = await site.bothy("status", "now")
+
+    assert (exact.code, abbreviated.code) == (0, 0), exact.stderr + abbreviated.stderr
+    assert json.loads(exact.stdout) == json.loads(abbreviated.stdout)
+    assert stray.code == 64
+    assert stray.stderr.startswith("usage: bothy status")
+    assert "unrecognized arguments: now" in stray.stderr
+
+
+@pytest.mark.codex
 async def test_status_shows_a_held_question(tmp_path: Path) -> None:
     """While a run holds a question, `bothy status` shows it, with how to answer it."""
     async with ModelServer() as server:
