@@ -275,6 +275,29 @@ async def test_timers_follow_the_table(parts: _Parts) -> None:
     assert await runner.fire_due("hourly") is False  # a stopped runner fires nothing
 
 
+async def test_a_schedule_added_to_an_empty_table_gets_its_timer_from_the_periodic_sync(
+    parts: _Parts,
+) -> None:
+    """A runner started with no schedule has no timer; one added later (``bothy schedule add``
+    from another shell) gets its timer at the next periodic sync, which ends at the stop."""
+    runner = parts.runner()
+    assert await runner.start() == 0
+    assert runner.next_fires() == {}
+    stop = asyncio.Event()
+    syncing = asyncio.create_task(runner.keep_synced(stop, every_s=0.01))
+    try:
+        await parts.store.add(Schedule("nightly", "0 3 * * *", "heartbeat"))
+        await until(lambda: "nightly" in runner.next_fires(), "the sync gave nightly a timer",
+                    timeout_s=10)
+        nightly = runner.next_fires()["nightly"]
+        assert nightly is not None and (nightly.hour, nightly.minute) == (3, 0)
+    finally:
+        stop.set()
+        async with asyncio.timeout(10):
+            await syncing
+        await runner.stop()
+
+
 # --- the inbox carries scheduled wakes ----------------------------------------------------------
 
 

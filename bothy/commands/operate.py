@@ -210,6 +210,9 @@ async def cmd_daemon(args: argparse.Namespace) -> int:
     # yet the collector would walk it all many times over, ~100 ms here (issue 18). The
     # daemon turns collection back on once it is ready (bothy/daemon.py).
     gc.disable()
+    from bothy.aiohttpimport import import_aiohttp
+
+    import_aiohttp()  # before the daemon's modules: the CA bundle parsed once, not twice
     from bothy.commands.foreground import check_workspace
     from bothy.daemon import Daemon
 

@@ -25,9 +25,6 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-# APScheduler 3 ships no type hints (no py.typed): its objects are Any here.
-from apscheduler.triggers.cron import CronTrigger  # type: ignore[import-untyped]
-
 from bothy.clock import Clock, from_us, to_us
 from bothy.config import Config
 from bothy.engine.checklist import Checklist
@@ -133,6 +130,10 @@ def cron_trigger(cron: str, timezone: str) -> Any:
             " crontab counts 0 as Sunday but APScheduler as Monday, so a number would run on"
             " the wrong day"
         )
+    # Imported here: `bothy serve` on a site without schedules never loads APScheduler.
+    # APScheduler 3 ships no type hints (no py.typed): its objects are Any here.
+    from apscheduler.triggers.cron import CronTrigger  # type: ignore[import-untyped]
+
     try:
         return CronTrigger.from_crontab(" ".join(fields), timezone=ZoneInfo(timezone))
     except ValueError as exc:

@@ -1,0 +1,120 @@
+"""What `bothy serve` imports for what its config uses (issue 18: only the libraries the
+config needs are loaded, for start-up time and idle memory).
+
+Each check runs in a fresh interpreter, as serve's process starts: the modules serve's start
+imports for a site with Slack and no schedule, then its schedule timers started on an empty
+table, must not have loaded APScheduler or discord.py; a schedule in the table loads
+APScheduler for its timer. aiohttp, imported as serve imports it, parses the CA bundle for
+its verifying TLS context only, which still verifies.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+_SCRIPT = """
+import asyncio, sys
+from pathlib import Path
+
+import bothy.daemon, bothy.chat.slack
+from bothy.clock import utc_now
+from bothy.engine.audit import AuditLog
+from bothy.engine.state import StateDB
+from bothy.wakes.inbox import Inbox
+from bothy.wakes.schedule_runner import ScheduleRunner
+from bothy.wakes.schedules import Schedule, ScheduleStore
+
+def loaded(top):
+    return any(name == top or name.startswith(top + ".") for name in sys.modules)
+
+async def main(root, with_schedule):
+    async with StateDB.open(root / "bothy.sqlite3") as db:
+        audit = AuditLog(root / "audit.jsonl")
+        store = ScheduleStore(db, timezone="UTC", clock=utc_now)
+        if with_schedule:
+            await store.add(Schedule("nightly", "0 3 * * *", "heartbeat"))
+        runner = ScheduleRunner(store, Inbox(root / "inbox", db, clock=utc_now,
+                                             audit=audit),
+                                audit=audit, grace_s=3600, clock=utc_now,
+                                on_enqueued=lambda: None)
+        await runner.start()
+        timers = sorted(runner.next_fires())
+        await runner.stop()
+    print(loaded("apscheduler"), loaded("discord"), timers)
+
+asyncio.run(main(Path(sys.argv[1]), sys.argv[2] == "1"))
+"""
+
+
+def _serve_start(tmp_path: Path, *, with_schedule: bool) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(tmp_path), "1" if with_schedule else "0"],
+        capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout.strip()
+
+
+def test_a_site_without_schedules_never_loads_apscheduler_nor_an_unused_chat_library(
+    tmp_path: Path,
+) -> None:
+    """serve's modules for Slack, and its schedule timers on an empty table, leave APScheduler
+    and discord.py unloaded."""
+    assert _serve_start(tmp_path, with_schedule=False) == "False False []"
+
+
+def test_a_schedule_in_the_table_loads_apscheduler_for_its_timer(tmp_path: Path) -> None:
+    """With a schedule in the table, its timer is APScheduler's."""
+    assert _serve_start(tmp_path, with_schedule=True) == "True False ['nightly']"
+
+
+_TLS_SCRIPT = """
+import asyncio, ssl, sys
+
+from bothy.aiohttpimport import import_aiohttp
+
+before = ssl.SSLContext.set_default_verify_paths
+import_aiohttp()
+import aiohttp
+from aiohttp import connector, web
+
+async def main(cert_pem, key_pem):
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert_pem, key_pem)
+    app = web.Application()
+    app.router.add_get("/", lambda request: web.Response(text="verified"))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=served)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        async with aiohttp.ClientSession() as session:  # the default, verifying context
+            async with session.get(f"https://127.0.0.1:{port}/") as response:
+                answer = await response.text()
+    finally:
+        await runner.cleanup()
+    print(connector._SSL_CONTEXT_VERIFIED.cert_store_stats()["x509_ca"],
+          connector._SSL_CONTEXT_UNVERIFIED.cert_store_stats()["x509_ca"],
+          ssl.SSLContext.set_default_verify_paths is before, answer)
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+def test_serve_imports_aiohttp_parsing_the_ca_bundle_once_and_still_verifies(
+    tmp_path: Path,
+) -> None:
+    """The verifying context holds the CA bundle and verifies a server it signed; the
+    context that verifies nothing holds none; ``ssl`` is as it was."""
+    from tests.fakes.discord import Certificates
+
+    certificates = Certificates.create(tmp_path)
+    environ = {**os.environ, "SSL_CERT_FILE": str(certificates.ca_pem),
+               "SSL_CERT_DIR": str(tmp_path / "no-such-dir")}
+    done = subprocess.run(
+        [sys.executable, "-c", _TLS_SCRIPT, str(certificates.cert_pem),
+         str(certificates.key_pem)],
+        capture_output=True, text=True, timeout=60, check=True, env=environ)
+    assert done.stdout.strip() == "1 0 True verified"
