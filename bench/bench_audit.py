@@ -86,16 +86,22 @@ def _group_commit_bench(work_dir: Path) -> None:
     rounds: the median and the range of each, the load they ran under, and their ratio."""
     threads: list[float] = []
     grouped: list[float] = []
+    cpu_us: list[float] = []
     load_before = os.getloadavg()[0]
     for n in range(GROUP_COMMIT_ROUNDS):
         threads.append(_threads_rate(work_dir / f"threads-{n}" / "audit.jsonl"))
-        grouped.append(asyncio.run(_coroutines_rate(work_dir / f"grouped-{n}" / "audit.jsonl")))
+        rate, cpu = asyncio.run(_coroutines_rate(work_dir / f"grouped-{n}" / "audit.jsonl"))
+        grouped.append(rate)
+        cpu_us.append(cpu)
     load_after = os.getloadavg()[0]
     for label, rates in ((f"append, {CONCURRENT_WRITERS} threads, fsync each", threads),
                          (f"record, {CONCURRENT_WRITERS} coroutines, group commit", grouped)):
         _report(label, statistics.median(rates), GROUP_COMMIT_TARGET_PER_S)
         print(f"      median of {len(rates)} rounds: "
               + ", ".join(f"{r:,.0f}" for r in sorted(rates)) + "/s", flush=True)
+    print(f"      CPU per record with group commit (the process's, all threads):"
+          f" {statistics.median(cpu_us):.0f} µs median"
+          f" ({min(cpu_us):.0f}–{max(cpu_us):.0f})", flush=True)
     ratio = statistics.median(grouped) / statistics.median(threads)
     print(f"   group commit / fsync each: {ratio:.2f}× (load average {load_before:.1f} before,"
           f" {load_after:.1f} after, on {os.cpu_count()} cores)", flush=True)
@@ -169,7 +175,8 @@ def _threads_rate(path: Path) -> float:
     return CONCURRENT_WRITERS * RECORDS_PER_CONCURRENT_WRITER / elapsed_s
 
 
-async def _coroutines_rate(path: Path) -> float:
+async def _coroutines_rate(path: Path) -> tuple[float, float]:
+    """Records/s of 16 coroutines, and the process's CPU µs per record meanwhile."""
     log = AuditLog(path)
     await log.record("serve", "starting", "ok")
 
@@ -178,11 +185,13 @@ async def _coroutines_rate(path: Path) -> float:
             await log.record("run", "admitted", "ok", subject=f"pr:{n}", run_id=_RUN_ID,
                              details=_DETAILS)
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     await asyncio.gather(*(writer(n) for n in range(CONCURRENT_WRITERS)))
     elapsed_s = time.perf_counter() - started
+    cpu_s = time.process_time() - cpu_started
     await asyncio.to_thread(_check_chain, log)
-    return CONCURRENT_WRITERS * RECORDS_PER_CONCURRENT_WRITER / elapsed_s
+    records = CONCURRENT_WRITERS * RECORDS_PER_CONCURRENT_WRITER
+    return records / elapsed_s, cpu_s / records * 1e6
 
 
 def _check_chain(log: AuditLog) -> None:

@@ -670,3 +670,31 @@ def test_details_are_stored_in_one_canonical_form_whatever_their_shape(
     canonical = json.dumps(details, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     assert b'"details":' + canonical.encode() + b',"prev"' in line
     assert record.details == json.loads(canonical) == details
+
+
+@pytest.mark.parametrize(("subject", "run_id"), [
+    ("pr:42", None), ('pr:"quoted"\\back', "run_é"), ("ü€😀", 'run_"x"'), (None, "run_1"),
+])
+def test_names_are_stored_in_their_canonical_form_whatever_their_characters(
+    tmp_path: Path, subject: str | None, run_id: str | None
+) -> None:
+    """Subject and run id, quoted once per token and kept: the line holds them as json.dumps
+    writes them (every non-ASCII character escaped), on a whole second too, and the record
+    returned is the one the line holds."""
+    on_the_second = FIXED_TS.replace(microsecond=0)
+    log = AuditLog(tmp_path / "audit.jsonl", clock=lambda: on_the_second, events=_FORMAT_EVENTS)
+
+    records = [log.append("test", "written", "ok", subject=subject, run_id=run_id)
+               for _ in range(2)]
+
+    for line, record in zip(_read_lines(log), records, strict=True):
+        body = json.dumps(
+            {"seq": record.seq, "ts": "2026-09-24T10:14:02.000000+00:00", "kind": "test",
+             "event": "written", "outcome": "ok", "subject": subject, "run_id": run_id,
+             "details": {}, "prev": record.prev},
+            separators=(",", ":"), ensure_ascii=True)
+        digest = hashlib.sha256(body.encode("ascii")).hexdigest()
+        assert line == (body[:-1] + f',"hash":"{digest}"}}\n').encode("ascii")
+        assert record.hash == digest
+    assert list(log.records()) == records
+    assert log.verify().ok

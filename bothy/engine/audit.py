@@ -49,7 +49,9 @@ from bothy.engine.auditrecord import (
     AuditRecord,
     canonical_details_json,
     flat_details,
+    names_json,
     parse_line,
+    quote,
 )
 from bothy.engine.auditsegments import (
     REPAIR_EVENT,
@@ -66,7 +68,8 @@ from bothy.groupcommit import GroupCommit
 __all__ = ["GENESIS_HASH", "AuditLog", "AuditRecord", "Fault", "Repair", "VerifyReport"]
 
 _RECORDS_PER_COMMIT = 512  # a few hundred KB in one write
-_WELL_FORMED: set[str] = set()  # tokens found well-formed (whether one is depends on it alone)
+# Tokens found well-formed (whether one is depends on it alone), each with its JSON form.
+_WELL_FORMED: dict[str, str] = {}
 _WELL_FORMED_MAX = 4096
 
 
@@ -147,16 +150,14 @@ class AuditLog:
         details: Mapping[str, Any] | None,
     ) -> Entry:
         """The caller's half of an append: every check that does not need the file."""
-        _check_token("kind", kind)
-        _check_token("event", event)
-        _check_token("outcome", outcome)
-        if subject is not None:
-            _check_token("subject", subject)
-        if run_id is not None:
-            _check_token("run_id", run_id)
+        names = names_json(
+            _check_token("kind", kind), _check_token("event", event),
+            _check_token("outcome", outcome),
+            None if subject is None else _check_token("subject", subject),
+            None if run_id is None else _check_token("run_id", run_id))
         self._events.check(kind, event)
         copied, text = _canonical_details(details)
-        return Entry(kind, event, outcome, subject, run_id, copied, text)
+        return Entry(kind, event, outcome, subject, run_id, copied, text, names)
 
     async def _commit_in_thread(self, entries: list[Entry]) -> list[AuditRecord]:
         # A record alone settles at once, as a blocking append does (a process that writes
@@ -273,9 +274,9 @@ class AuditLog:
             self._writer.forget_pending()
             details = {"kept": kept.name, "last_good_seq": report.last_seq,
                        "last_good_hash": report.last_hash, "problem": report.problem}
-            [record] = self._writer.append_locked(
-                [Entry(REPAIR_KIND, REPAIR_EVENT, "ok", None, None, *_canonical_details(details))],
-                after=(report.last_seq, report.last_hash))
+            entry = self._entry(REPAIR_KIND, REPAIR_EVENT, "ok", None, None, details)
+            [record] = self._writer.append_locked([entry],
+                                                  after=(report.last_seq, report.last_hash))
             self._writer.settle_locked()
         return Repair(kept=kept, record=record, problem=report.problem)
 
@@ -292,16 +293,20 @@ class Repair:
 # -- input checks ----------------------------------------------------------------------------
 
 
-def _check_token(name: str, value: str) -> None:
-    if type(value) is str and value in _WELL_FORMED:
-        return  # seen before (kinds, events, a run's id and subject come back again and again)
+def _check_token(name: str, value: str) -> str:
+    """``value`` as a JSON string, once it is found a well-formed token (ValueError if not)."""
+    if type(value) is str:
+        quoted = _WELL_FORMED.get(value)
+        if quoted is not None:
+            return quoted  # seen before (kinds, events, a run's id and subject come back)
     # isprintable() is False for every whitespace character except the plain space, and for
     # control characters (which could smuggle terminal escapes into the human form).
     if not isinstance(value, str) or not value or " " in value or not value.isprintable():
         raise ValueError(f"audit {name} must be a non-empty single token, got {value!r}")
     if len(_WELL_FORMED) >= _WELL_FORMED_MAX:
         _WELL_FORMED.clear()
-    _WELL_FORMED.add(value)
+    quoted = _WELL_FORMED[value] = quote(value)
+    return quoted
 
 
 def _canonical_details(details: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:
@@ -309,7 +314,7 @@ def _canonical_details(details: Mapping[str, Any] | None) -> tuple[dict[str, Any
     and its canonical JSON (the bytes the record's body will hold)."""
     if details is None:
         return {}, "{}"
-    if not isinstance(details, Mapping):
+    if type(details) is not dict and not isinstance(details, Mapping):  # (dict: no ABC check)
         raise ValueError(f"audit details must be a JSON object, got {type(details).__name__}")
     flat = flat_details(details)
     if flat is not None:  # most records: text keys, plain values (a copy is the sorted dict)

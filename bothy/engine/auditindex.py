@@ -33,7 +33,7 @@ import hashlib
 import os
 import re
 import sqlite3
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -152,8 +152,9 @@ class RunIndex:
                 if not _catch_up(db, self.register, point, first_offset):
                     return
             last = placed[-1][1]
-            _insert(db, (_Entry(key, record.seq, self.register.name, offset)
-                         for offset, record in placed if (key := _key_of(record)) is not None))
+            segment = self.register.name
+            _insert(db, [(key, record.seq, segment, offset) for offset, record in placed
+                         if (key := _key_of(record)) is not None])
             _write_point(db, _Point(written.st_dev, written.st_ino, written.st_size, last.seq,
                                     last.hash))
 
@@ -503,9 +504,9 @@ def _write_point(db: sqlite3.Connection, point: _Point) -> None:
                (point.dev, point.ino, point.offset, point.seq, point.hash))
 
 
-def _insert(db: sqlite3.Connection, entries: Iterator[_Entry] | list[_Entry]) -> None:
-    db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)",
-                   ((e.key, e.seq, e.segment, e.offset) for e in entries))
+def _insert(db: sqlite3.Connection, entries: Iterable[tuple[str, int, str, int]]) -> None:
+    """Rows of (key, seq, segment, offset): an ``_Entry`` is one."""
+    db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)", entries)
 
 
 @contextlib.contextmanager

@@ -43,9 +43,13 @@ __all__ = [
     "canonical_details_json",
     "flat_details",
     "format_ts",
+    "names_json",
+    "new_record",
     "parse_fields",
     "parse_line",
+    "quote",
     "serialise_body",
+    "serialise_chained",
     "with_hash",
 ]
 
@@ -186,14 +190,45 @@ def serialise_body(
     """
     if details_json is None:
         details_json = canonical_details_json(details)
-    # _quote is what json.dumps does to a str by default (ensure_ascii=True): every
-    # non-ASCII character escaped. The register's hot path spells it out: ~4x cheaper.
-    return (
-        f'{{"seq":{int(seq)},"ts":{_quote(ts)},"kind":{_quote(kind)},'
-        f'"event":{_quote(event)},"outcome":{_quote(outcome)},'
-        f'"subject":{_optional(subject)},"run_id":{_optional(run_id)},'
-        f'"details":{details_json},"prev":{_quote(prev)}}}'
-    ).encode("ascii")
+    names = names_json(_quote(kind), _quote(event), _quote(outcome), _optional(subject),
+                       _optional(run_id))
+    return (f'{{"seq":{int(seq)},"ts":{_quote(ts)},{names},"details":{details_json},'
+            f'"prev":{_quote(prev)}}}').encode("ascii")
+
+
+def names_json(kind: str, event: str, outcome: str, subject: str | None,
+               run_id: str | None) -> str:  # (a name: never empty, so `or` means None)
+    """The body's ``kind`` … ``run_id`` members, from each one already quoted (:func:`quote`:
+    a writer quotes each token once, not once per record); None for a null."""
+    return (f'"kind":{kind},"event":{event},"outcome":{outcome},'
+            f'"subject":{subject or "null"},"run_id":{run_id or "null"}')
+
+
+def serialise_chained(seq: int, ts: str, names: str, details_json: str, prev: str) -> bytes:
+    """:func:`serialise_body`'s bytes, for the register's writer: ``ts`` from
+    :func:`format_ts` and ``prev`` a hex digest (neither has anything to escape), ``names``
+    from :func:`names_json`, ``details_json`` from :func:`canonical_details_json`."""
+    return f'{{"seq":{seq},"ts":"{ts}",{names},"details":{details_json},"prev":"{prev}"}}'.encode(
+        "ascii")
+
+
+def quote(value: str) -> str:
+    """``value`` as a JSON string, every non-ASCII character escaped (what json.dumps does
+    with ensure_ascii, spelled out: about four times cheaper)."""
+    return _quote(value)
+
+
+def new_record(seq: int, ts: datetime, kind: str, event: str, outcome: str,
+               subject: str | None, run_id: str | None, details: Mapping[str, Any],
+               prev: str, digest: str) -> AuditRecord:
+    """``AuditRecord(...)`` for the writer, which makes one per record: the same fields, set
+    at half the cost (a frozen dataclass's ``__init__`` sets each through
+    ``object.__setattr__``; nothing else runs in it)."""
+    record: AuditRecord = object.__new__(AuditRecord)
+    record.__dict__.update(seq=seq, ts=ts, kind=kind, event=event, outcome=outcome,
+                           subject=subject, run_id=run_id, details=details, prev=prev,
+                           hash=digest)
+    return record
 
 
 def canonical_details_json(details: Mapping[str, Any]) -> str:
@@ -206,9 +241,15 @@ def flat_details(details: Mapping[str, Any]) -> tuple[dict[str, Any], str] | Non
     or null (most records'): a sorted copy and its canonical JSON, spelled out (about half
     the cost of the encoder, which is built afresh for each call); None for anything else.
     The bytes are those :func:`canonical_details_json` gives."""
+    try:
+        keys = sorted(details)
+    except TypeError:  # keys of several types: not text
+        return None
     copied: dict[str, Any] = {}
     parts: list[str] = []
-    for key in sorted(details) if all(type(k) is str for k in details) else ():
+    for key in keys:
+        if type(key) is not str:
+            return None
         value = details[key]
         kind = type(value)
         if kind is str:
@@ -223,8 +264,6 @@ def flat_details(details: Mapping[str, Any]) -> tuple[dict[str, Any], str] | Non
             return None
         copied[key] = value
         parts.append(f"{_quote(key)}:{text}")
-    if len(copied) != len(details):
-        return None  # a key that is not text
     return copied, "{" + ",".join(parts) + "}"
 
 
@@ -233,4 +272,9 @@ def _optional(value: str | None) -> str:
 
 
 def format_ts(ts: datetime) -> str:
-    return (ts if ts.tzinfo is UTC else ts.astimezone(UTC)).isoformat(timespec="microseconds")
+    """``ts`` in UTC, ISO 8601 with microseconds (``2026-09-24T10:14:02.118734+00:00``)."""
+    if ts.tzinfo is not UTC:
+        ts = ts.astimezone(UTC)
+    if ts.microsecond:  # isoformat() writes them then; with timespec it costs half as much again
+        return ts.isoformat()
+    return ts.isoformat(timespec="microseconds")

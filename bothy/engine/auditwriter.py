@@ -18,12 +18,12 @@ what is left. A blocking ``append``, and a group commit of one record, settle at
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from hashlib import sha256
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -39,7 +39,13 @@ from bothy.engine.auditfile import (
     read_tail,
 )
 from bothy.engine.auditindex import RunIndex
-from bothy.engine.auditrecord import AuditRecord, format_ts, serialise_body, with_hash
+from bothy.engine.auditrecord import (
+    AuditRecord,
+    format_ts,
+    new_record,
+    serialise_chained,
+    with_hash,
+)
 from bothy.engine.auditsegments import lines_from, verify_file
 from bothy.errors import AuditIntegrityError, StateError
 from bothy.fsync import fsync
@@ -59,6 +65,7 @@ class Entry(NamedTuple):  # (a NamedTuple: one is made per record, at a third of
     run_id: str | None
     details: dict[str, Any]
     details_json: str
+    names_json: str  # kind … run_id as the body holds them (auditrecord.names_json)
 
 
 @dataclass(frozen=True)
@@ -176,18 +183,12 @@ class AuditWriter:
         for entry in entries:
             seq += 1
             ts = self.now()
-            body = serialise_body(
-                seq=seq, ts=format_ts(ts), kind=entry.kind, event=entry.event,
-                outcome=entry.outcome, subject=entry.subject, run_id=entry.run_id,
-                details=entry.details, prev=prev, details_json=entry.details_json,
-            )
-            digest = hashlib.sha256(body).hexdigest()
+            body = serialise_chained(seq, format_ts(ts), entry.names_json, entry.details_json,
+                                     prev)
+            digest = sha256(body).hexdigest()
             lines.append(with_hash(body, digest) + b"\n")
-            records.append(AuditRecord(
-                seq=seq, ts=ts, kind=entry.kind, event=entry.event, outcome=entry.outcome,
-                subject=entry.subject, run_id=entry.run_id, details=entry.details, prev=prev,
-                hash=digest,
-            ))
+            records.append(new_record(seq, ts, entry.kind, entry.event, entry.outcome,
+                                      entry.subject, entry.run_id, entry.details, prev, digest))
             prev = digest
         return records, lines
 
