@@ -376,13 +376,15 @@ class StateDB:
         return changed
 
     async def fetch_all(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
-        async with self._db.execute(sql, params) as cursor:
-            return list(await cursor.fetchall())
+        # One round trip to the database thread, not three (execute, fetch, close): each
+        # costs the event loop ~50-90 us of CPU here, more than a small query itself.
+        return list(await self._db.execute_fetchall(sql, params))
 
     async def fetch_one(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Row | None:
-        async with self._db.execute(sql, params) as cursor:
-            row: sqlite3.Row | None = await cursor.fetchone()
-            return row
+        """The first row, or None. For a query of one row (by key, ``LIMIT 1``, an
+        aggregate): every row it yields is fetched, in one round trip (see ``fetch_all``)."""
+        rows = list(await self._db.execute_fetchall(sql, params))
+        return rows[0] if rows else None
 
     async def scalar(self, sql: str, params: tuple[Any, ...] = ()) -> int:
         row = await self.fetch_one(sql, params)
