@@ -16,8 +16,9 @@ Both starts go through ``nsenter`` there, the bare interpreter's too.
 (a') As (a), with a register of ``AGED_RECORDS`` records written beforehand: what an aged
 site's start costs (the chain is verified before serve appends to it).
 
-Then, with both connected, the serve process's resident set (psutil's RSS) after ``IDLE_S``
-idle. Targets are printed goals, never assertions.
+Then the serve process's resident set (psutil's RSS) after ``IDLE_S`` idle: Slack alone
+(a), and both connected (b), with the spare app-server's beside it. Targets are printed
+goals, never assertions.
 """
 
 from __future__ import annotations
@@ -61,10 +62,12 @@ async def _bench(root: Path) -> None:
     async with ModelServer() as model, FakeSlack(ack_timeout_s=5.0) as slack:
         site = _site(root / "slack", model, slack)
         bare_ms = await _bare_ms(site)
-        slack_only = await _starts(site)
+        slack_only = await _starts(site, idle=True)
         figure("serve start → ready, Slack (median ms)", median(slack_only.ready_ms), "ms",
                SLACK_READY_TARGET_MS, higher_is_better=False)
         slack_only.explain(f"{STARTS} starts", bare_ms)
+        _note(f"idle RSS of serve with Slack alone, after {IDLE_S:g} s: {slack_only.idle_mb:.2f}"
+              " MB")
         aged = _site(root / "aged", model, slack)
         await _age_register(aged, AGED_RECORDS)
         aged_starts = await _starts(aged)
@@ -91,7 +94,8 @@ async def _bench(root: Path) -> None:
     both.explain(f"{STARTS} starts in the namespace", bare_ms)
     figure(f"idle RSS of serve, both connected, after {IDLE_S:g} s (MB)", both.idle_mb, "MB",
            RSS_TARGET_MB, higher_is_better=False)
-    _note("MB = 10^6 bytes; psutil's rss of the serve process alone")
+    _note("MB = 10^6 bytes; psutil's rss of the serve process alone; beside it, the spare"
+          f" app-server waiting (codex, its whole process group): {both.spare_mb:.1f} MB")
 
 
 @dataclass
@@ -102,6 +106,7 @@ class _Starts:
     starting_ms: list[float] = field(default_factory=list)  # spawn → `serve starting`
     cpu_ms: list[float] = field(default_factory=list)  # the serve's own CPU (user + system)
     idle_mb: float = 0.0
+    spare_mb: float = 0.0  # the spare app-server's group, beside the idle serve (0: none yet)
     bench_cpu_ms: float = 0.0  # this process's CPU (the fakes, the polls) per start
 
     def explain(self, what: str, bare_ms: list[float]) -> None:
@@ -131,8 +136,24 @@ async def _starts(site: Any, *, idle: bool = False) -> _Starts:
             if idle and n == STARTS - 1:
                 await asyncio.sleep(IDLE_S)  # idle on purpose: the memory of a serve that waits
                 measured.idle_mb = psutil.Process(process.pid).memory_info().rss / 1e6
+                measured.spare_mb = _spare_mb(site)
     measured.bench_cpu_ms = (time.process_time() - bench_cpu) * 1000 / STARTS
     return measured
+
+
+def _spare_mb(site: Any) -> float:
+    """The resident set of the spare app-server's process group serve started, in MB."""
+    import psutil
+
+    from bothy.engine.procgroup import live_members
+    from tests.fakes.shell import audit_records
+
+    spares = audit_records(site, lambda r: (r.kind, r.event) == ("spare", "started"))
+    total = 0.0
+    for pid in live_members(int(spares[-1].details["pgid"])) if spares else ():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += psutil.Process(pid).memory_info().rss / 1e6
+    return total
 
 
 async def _age_register(site: Any, records: int) -> None:
