@@ -424,7 +424,7 @@ def _collect_garbage_again() -> None:
     paused it is left as it was.
 
     What start-up made is frozen first: it lives as long as serve does, and the first
-    collection after the pause would walk all of it (~0.5 M objects, 40–80 ms of CPU here),
+    collection after the pause would walk all of it (~140,000 objects, 40–80 ms of CPU here),
     and every full collection after it again. Frozen objects are still freed when nothing
     refers to them; only garbage in reference cycles among them is kept: the few hundred
     objects start-up left so, and a first chat connection's cycles once it is replaced.
