@@ -39,6 +39,7 @@ CONCURRENT_WRITERS = 16
 RECORDS_PER_CONCURRENT_WRITER = 1_000
 GROUP_COMMIT_TARGET_PER_S = 10_000
 GROUP_COMMIT_ROUNDS = 3
+BARE_FSYNCS = 200
 VERIFY_RECORDS = 100_000
 BUILD_LIMIT_S = 25.0
 
@@ -102,9 +103,34 @@ def _group_commit_bench(work_dir: Path) -> None:
     print(f"      CPU per record with group commit (the process's, all threads):"
           f" {statistics.median(cpu_us):.0f} µs median"
           f" ({min(cpu_us):.0f}–{max(cpu_us):.0f})", flush=True)
+    times_s = _bare_fsync_times_s(work_dir / "bare")
+    mean_s = statistics.fmean(times_s)
+    print(f"      a bare write and fsync of {CONCURRENT_WRITERS} lines here: median"
+          f" {statistics.median(times_s) * 1e3:.2f} ms, mean {mean_s * 1e3:.2f},"
+          f" p90 {times_s[len(times_s) * 9 // 10] * 1e3:.2f}: one commit at a time of"
+          f" {CONCURRENT_WRITERS} by the disk alone ≤ {CONCURRENT_WRITERS / mean_s:,.0f}/s",
+          flush=True)
     ratio = statistics.median(grouped) / statistics.median(threads)
     print(f"   group commit / fsync each: {ratio:.2f}× (load average {load_before:.1f} before,"
           f" {load_after:.1f} after, on {os.cpu_count()} cores)", flush=True)
+
+
+def _bare_fsync_times_s(directory: Path) -> list[float]:
+    """Times of one write and fsync of sixteen register-sized lines, sorted, on the same disk
+    just after the rounds: what the disk alone allows one commit at a time under this load."""
+    directory.mkdir()
+    line = b"x" * 330 + b"\n"
+    fd = os.open(directory / "lines", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    times: list[float] = []
+    try:
+        for _ in range(BARE_FSYNCS):
+            started = time.perf_counter()
+            os.write(fd, line * CONCURRENT_WRITERS)
+            os.fsync(fd)
+            times.append(time.perf_counter() - started)
+    finally:
+        os.close(fd)
+    return sorted(times)
 
 
 def _single_writer_rate(path: Path) -> float:

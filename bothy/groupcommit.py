@@ -23,9 +23,14 @@ commits are still in their slow steps, and ``commit`` must itself keep their eff
 (the inbox does: segment appends, then inserts, each in batch order).
 
 ``idle``: called by the committer once nobody waits any more — once the commits under way
-have returned and the callers they answered have had their turn of the loop to come back
-(the register does there what it need not do after each commit: its durable step). The
-next commit waits for it. It must not raise; if it does, the error is dropped.
+have returned, the callers they answered have had their turn of the loop to come back, and
+nothing more has arrived for ``idle_after_s`` (the register does there what it need not do
+after each commit: its durable step; an intake that submits a batch every few milliseconds
+would otherwise call it after each). The next commit waits for it. It must not raise; if it
+does, the error is dropped.
+
+:meth:`GroupCommit.submit_all`: several items at once, one future each, without a task
+for each caller (an intake recording a batch of deliveries).
 
 ``linger_s``: callers answered together by one commit (HTTP senders, each waiting for its
 answer before it sends again) come back together, but not at once; the first back would get a
@@ -62,6 +67,7 @@ class _Queue(Generic[T, R]):
     running: set[asyncio.Task[None]] = field(default_factory=set)  # commits under way
     last_batch: int = 1
     enough: asyncio.Event | None = None  # set once as many wait as the last batch held
+    arrived: asyncio.Event | None = None  # set by the next submission (the idle hook's wait)
 
 
 class GroupCommit(Generic[T, R]):
@@ -80,6 +86,7 @@ class GroupCommit(Generic[T, R]):
         linger_s: float = 0.0,
         in_flight: int = 1,
         idle: Callable[[], Awaitable[None]] | None = None,
+        idle_after_s: float = 0.0,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"a group commit takes at least one item per batch, not {max_batch}")
@@ -89,6 +96,7 @@ class GroupCommit(Generic[T, R]):
         self._linger_s = linger_s
         self._in_flight = in_flight
         self._idle = idle
+        self._idle_after_s = idle_after_s
         # Futures belong to one loop: each loop that submits gets its own queue and committer
         # (an AuditLog may outlive several asyncio.run calls, or serve two loops at once).
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Queue[T, R]] = (
@@ -97,16 +105,36 @@ class GroupCommit(Generic[T, R]):
     async def submit(self, item: T) -> R:
         """Add ``item`` to the next commit; return its result once that commit has returned."""
         loop = asyncio.get_running_loop()
+        queue = self._queue(loop)
+        outcome: asyncio.Future[R] = loop.create_future()
+        queue.waiting.append((item, outcome))
+        self._arrived(queue, loop)
+        return await outcome
+
+    def submit_all(self, items: Sequence[T]) -> list[asyncio.Future[R]]:
+        """Add ``items``, in order, to the next commit (from the event loop); one future each,
+        answered once the commit holding it has returned (cancelling one stops nothing)."""
+        loop = asyncio.get_running_loop()
+        queue = self._queue(loop)
+        outcomes: list[asyncio.Future[R]] = [loop.create_future() for _ in items]
+        queue.waiting.extend(zip(items, outcomes, strict=True))
+        self._arrived(queue, loop)
+        return outcomes
+
+    def _queue(self, loop: asyncio.AbstractEventLoop) -> _Queue[T, R]:
         queue = self._queues.get(loop)
         if queue is None:
             queue = self._queues[loop] = _Queue(slots=asyncio.Semaphore(self._in_flight))
-        outcome: asyncio.Future[R] = loop.create_future()
-        queue.waiting.append((item, outcome))
+        return queue
+
+    def _arrived(self, queue: _Queue[T, R], loop: asyncio.AbstractEventLoop) -> None:
+        """Items were just queued: wake a lingering committer, or start one."""
         if queue.enough is not None and len(queue.waiting) >= queue.last_batch:
             queue.enough.set()
+        if queue.arrived is not None:
+            queue.arrived.set()
         if queue.committer is None or queue.committer.done():
             queue.committer = loop.create_task(self._commit_waiting(queue), name=self._name)
-        return await outcome
 
     async def _commit_waiting(self, queue: _Queue[T, R]) -> None:
         """Commit batches while anyone waits; the batch grows with what arrived meanwhile.
@@ -120,8 +148,8 @@ class GroupCommit(Generic[T, R]):
                     await self._take_batch(queue)
                 if self._idle is None:
                     return
-                if not await self._quiet(queue):
-                    continue  # someone came back: commit for them first
+                if not await self._quiet(queue) or await self._arrives_within(queue):
+                    continue  # someone came back, or came: commit for them first
                 with contextlib.suppress(Exception):  # it must not raise (see the module)
                     await self._idle()
                 if not queue.waiting:
@@ -154,6 +182,20 @@ class GroupCommit(Generic[T, R]):
             await asyncio.wait(set(queue.running))
         await asyncio.sleep(0)  # the callers just answered come back now, if they are coming
         return not queue.waiting
+
+    async def _arrives_within(self, queue: _Queue[T, R]) -> bool:
+        """Whether anything is submitted within ``idle_after_s``."""
+        if self._idle_after_s <= 0:
+            return False
+        queue.arrived = asyncio.Event()
+        try:
+            async with asyncio.timeout(self._idle_after_s):
+                await queue.arrived.wait()
+        except TimeoutError:
+            return False
+        finally:
+            queue.arrived = None
+        return True
 
     async def _commit_one(
         self, queue: _Queue[T, R], batch: list[tuple[T, asyncio.Future[R]]]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from bothy.engine.audit import GENESIS_HASH, AuditLog, AuditRecord, Fault
+from bothy.engine.audit import GENESIS_HASH, AuditLog, AuditRecord, Fault, NewRecord
 from bothy.engine.auditevents import EVENTS
 from bothy.errors import AuditIntegrityError, StateError
 
@@ -698,3 +698,39 @@ def test_names_are_stored_in_their_canonical_form_whatever_their_characters(
         assert record.hash == digest
     assert list(log.records()) == records
     assert log.verify().ok
+
+
+async def test_records_submitted_together_come_back_in_order_each_with_its_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """record_all: twenty records in one call are written in the order given, each returned
+    as the register holds it; one malformed refuses the call before anything is written; and
+    when the fsync fails each slot holds the disk's error, naming the records of its commit."""
+    from tests.fakes.shell import until
+
+    log = AuditLog(tmp_path / "state" / "audit.jsonl", events=_FORMAT_EVENTS)
+    wanted = [NewRecord("test", "written", "ok", subject=f"writer:{n}", details={"n": n})
+              for n in range(20)]
+
+    written = await log.record_all(wanted)
+
+    assert written == list(log.records())
+    assert [(r.seq, r.subject, r.details) for r in written if isinstance(r, AuditRecord)] == [
+        (n + 1, f"writer:{n}", {"n": n}) for n in range(20)]
+    last = written[-1]
+    assert isinstance(last, AuditRecord)
+    await until(lambda: log.anchored_head() == (last.seq, last.hash), "head anchored")
+
+    with pytest.raises(ValueError, match="single token"):
+        await log.record_all([NewRecord("test", "written", "ok"),
+                              NewRecord("test", "written", "ok", subject="two words")])
+    assert len(list(log.records())) == 20
+
+    trigger = tmp_path / "fsync-fails"
+    trigger.write_text(str(log.path))
+    monkeypatch.setenv("BOTHY_FAULT_FSYNC", str(trigger))
+    failed = await log.record_all(wanted[:3])
+    assert [str(f) for f in failed] == 3 * [
+        f"Cannot append records 0021–0023 to audit log {log.path}: Input/output error"
+        " (fault injected by BOTHY_FAULT_FSYNC)"]
+    assert log.anchored_head() == (last.seq, last.hash)

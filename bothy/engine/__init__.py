@@ -13,6 +13,7 @@ from bothy.surface import surface_attribute
 _SURFACE = {
     "Alerts": "bothy.engine.alerts",
     "AuditLog": "bothy.engine.audit",
+    "NewRecord": "bothy.engine.audit",
     "Checklist": "bothy.engine.checklist",
     "frame": "bothy.engine.framing",
     "inline": "bothy.engine.framing",
@@ -49,6 +50,7 @@ __all__ = [
     "Checklist",
     "Delivered",
     "Launch",
+    "NewRecord",
     "Outcome",
     "PriceTable",
     "ProcessGroup",

@@ -12,7 +12,8 @@ the checkpoint, and a reader of the index catches it up). Done after every commi
 about as much CPU as the rest of the commit here (two more files' metadata in the journal, an
 SQLite transaction), so a group commit of several records (a burst) leaves it *pending*: the
 next commit does it for all of them once ``_DURABLE_EVERY_RECORDS`` are pending, and
-:meth:`AuditWriter.settle` — the group commit's idle hook, run once nobody waits — does it for
+:meth:`AuditWriter.settle` — the group commit's idle hook, run once nobody has waited for a
+little while (``_SETTLE_AFTER_QUIET_S`` in :mod:`bothy.engine.audit`) — does it for
 what is left. A blocking ``append``, and a group commit of one record, settle at once.
 """
 
