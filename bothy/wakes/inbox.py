@@ -281,6 +281,7 @@ class Inbox:
         round trip costs more than the rows: BEGIN, INSERT, COMMIT took three times as long.
         """
         params: list[object] = []
+        closed_us = to_us(self._clock())  # the batch's ignored rows close together
         for taken, span in items:
             delivery = taken.delivery
             received_us = to_us(delivery.received_at)
@@ -290,7 +291,7 @@ class Inbox:
                        received_us, span.segment if span is not None else file,
                        span.offset if span is not None else None,
                        span.length if span is not None else None, taken.ignored,
-                       to_us(self._clock()) if closed else None]
+                       closed_us if closed else None]
         rows = await self._db.atomic(
             "INSERT INTO wakes (source, route, key, event, action, status, attempts,"
             " next_try_us, received_us, file, payload_at, payload_bytes, note, finished_us)"
