@@ -62,58 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # builds the config's first model (a scan on every start of every command); Bothy uses
     # none. An operator who wants one sets the variable (pydantic's docs: "Plugins").
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-    _stand_in_for_pydantic_plugin_loader()
     try:
         code = _main(argv)
         sys.stdout.flush()  # here, so a closed pipe is met inside the try
     except BrokenPipeError:
         return _reader_gone()
     return code
-
-
-_PLUGIN_LOADER = "pydantic.plugin._loader"
-_PLUGINS_OFF = ("__all__", "1", "true")  # the values pydantic reads as "no plugin" (its loader)
-
-
-def _stand_in_for_pydantic_plugin_loader() -> None:
-    """With pydantic's plugins off, its plugin loader is not imported: asked, it answers "no
-    plugin", but its import loads importlib.metadata (email, zipfile, csv…), a tenth of what
-    validating the config costs every command, ``bothy run`` and ``bothy serve`` included
-    (68 M of 676 M instructions; issue 18). The stand-in answers ``get_plugins()`` as the
-    loader does when plugins are off; any other name is taken from pydantic's own loader,
-    imported then, so a pydantic that asks it for more still gets it. With plugins on (the
-    variable set otherwise by the operator), pydantic's loader is used from the start."""
-    if os.environ.get("PYDANTIC_DISABLE_PLUGINS") not in _PLUGINS_OFF \
-            or _PLUGIN_LOADER in sys.modules:
-        return
-    import types
-
-    stand_in = types.ModuleType(_PLUGIN_LOADER, "pydantic's plugin loader while plugins are off")
-    stand_in.get_plugins = _no_plugins  # type: ignore[attr-defined]  # (a module built here)
-    stand_in.__getattr__ = _from_pydantic_loader  # type: ignore[method-assign]  # (PEP 562)
-    sys.modules[_PLUGIN_LOADER] = stand_in
-
-
-def _no_plugins() -> tuple[()]:
-    return ()
-
-
-def _from_pydantic_loader(name: str) -> Any:
-    """``name`` from pydantic's own plugin loader, which replaces the stand-in from now on."""
-    if name.startswith("__"):  # what the import system probes (``__path__``): not a loader's
-        raise AttributeError(name)
-    import importlib.util
-    from importlib.machinery import PathFinder
-
-    import pydantic.plugin
-
-    spec = PathFinder.find_spec(_PLUGIN_LOADER, pydantic.plugin.__path__)
-    if spec is None or spec.loader is None:
-        raise AttributeError(name)
-    loader = importlib.util.module_from_spec(spec)
-    sys.modules[_PLUGIN_LOADER] = loader
-    spec.loader.exec_module(loader)
-    return getattr(loader, name)
 
 
 def _reader_gone() -> int:
