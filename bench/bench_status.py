@@ -1,24 +1,30 @@
 """`bothy status` cold start: median wall time, and its ratio to a bare `python3 -c pass`.
 
-Two sites: one with the config's default budget zone (UTC), as a site that never set one
-meets it, and one in Europe/Paris, whose status also loads the zone from the system's tz
-database (zoneinfo): both figures are printed, so the default's is not the only one seen.
+Three sites: one with the config's default budget zone (UTC), as a site that never set one
+meets it; one in Europe/Paris, whose status also loads the zone from the system's tz
+database (zoneinfo); and one with a real `bothy serve` running, as a site with the service
+installed meets it (status then asks the process table whether the published daemon is
+still the one that wrote its state, through psutil). All three figures are printed, so the
+first is not the only one seen.
 Where valgrind is installed, also the instructions each executes (callgrind), which the load
 of a shared machine does not move: wall times here swing twofold from one minute to the next.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from bench._util import REPO, figure, median, scratch
+from bench._util import REPO, figure, free_port, median, scratch
 
 RUNS = 15
 
@@ -41,7 +47,7 @@ def _instructions(argv: list[str], env: dict[str, str]) -> int | None:
     return int(counted.group(1)) if counted else None
 
 
-def _site(root: Path, timezone: str | None) -> dict[str, str]:
+def _site(root: Path, timezone: str | None, **more: object) -> dict[str, str]:
     """A site that has run before (its state database exists: status reads it, never makes
     it), and the environment that names it."""
     (root / "work").mkdir(parents=True)
@@ -50,7 +56,7 @@ def _site(root: Path, timezone: str | None) -> dict[str, str]:
         budget["timezone"] = timezone
     (root / "config.json").write_text(json.dumps({
         "site": "bench", "workspace": str(root / "work"), "pool": {"max_workers": 2},
-        "budget": budget,
+        "budget": budget, **more,
     }))
     # As a site meets it: an installed bothy has its bytecode compiled (pip does that), so the
     # test environment's PYTHONDONTWRITEBYTECODE would measure compiling, not starting.
@@ -61,22 +67,56 @@ def _site(root: Path, timezone: str | None) -> dict[str, str]:
     return env
 
 
+@contextlib.contextmanager
+def _serving(root: Path, env: dict[str, str]) -> Iterator[None]:
+    """A real `bothy serve` on the site at ``root`` until the block ends (no spare: its codex
+    would share the two cores with what is measured)."""
+    log = (root / "serve.log").open("wb")
+    serve = subprocess.Popen([str(REPO / ".venv" / "bin" / "bothy"), "serve"], env=env,
+                             stdout=log, stderr=log, start_new_session=True)
+    try:
+        published = root / "state" / "serve.json"
+        deadline = time.monotonic() + 60
+        while not (published.exists() and '"ready"' in published.read_text()):
+            if serve.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"bothy serve not ready: {(root / 'serve.log').read_text()}")
+            time.sleep(0.05)
+        yield
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        try:
+            serve.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(serve.pid, signal.SIGKILL)
+            serve.wait()
+        log.close()
+
+
 def main() -> None:
     root = scratch("status-")
     utc, paris = _site(root / "utc", None), _site(root / "paris", "Europe/Paris")
+    (root / "served" / "codex-home").mkdir(parents=True)
+    served = _site(root / "served", None, listen={"tailnet_port": free_port()}, codex={
+        "command": [str(REPO / "node_modules" / ".bin" / "codex"), "app-server"],
+        "home": str(root / "served" / "codex-home"), "spare": False})
     bothy = [str(REPO / ".venv" / "bin" / "bothy"), "status"]
     bare = [sys.executable, "-c", "pass"]
-    # Side by side, one of each in turn, so that a change in the machine's load meets all.
-    turns = [(_time(bothy, utc), _time(bare, utc), _time(bothy, paris)) for _ in range(RUNS)]
-    status_s, bare_s, paris_s = (median([turn[i] for turn in turns]) for i in range(3))
+    with _serving(root / "served", served):
+        # Side by side, one of each in turn, so that a change in the machine's load meets all.
+        turns = [(_time(bothy, utc), _time(bare, utc), _time(bothy, paris), _time(bothy, served))
+                 for _ in range(RUNS)]
+        served_ir = _instructions(bothy, served)
+    status_s, bare_s, paris_s, served_s = (median([turn[i] for turn in turns]) for i in range(4))
     figure("bothy status cold start (median)", status_s * 1000, "ms", 60, higher_is_better=False)
     print(f"   bare python3 -c pass: {bare_s * 1000:.1f} ms; bothy status is"
           f" {status_s / bare_s:.2f}× that ({(status_s - bare_s) * 1000:.1f} ms of its own);"
-          f" with budget.timezone Europe/Paris {paris_s * 1000:.1f} ms ({paris_s / bare_s:.2f}×)")
+          f" with budget.timezone Europe/Paris {paris_s * 1000:.1f} ms ({paris_s / bare_s:.2f}×);"
+          f" beside a running bothy serve {served_s * 1000:.1f} ms ({served_s / bare_s:.2f}×)")
     status_ir, bare_ir = _instructions(bothy, utc), _instructions(bare, utc)
     paris_ir = _instructions(bothy, paris)
-    if status_ir and bare_ir and paris_ir:
+    if status_ir and bare_ir and paris_ir and served_ir:
         print(f"   instructions (callgrind): bothy status {status_ir / 1e6:.0f} M, bare python"
               f" {bare_ir / 1e6:.0f} M: {status_ir / bare_ir:.2f}×; in Europe/Paris"
-              f" {paris_ir / 1e6:.0f} M: {paris_ir / bare_ir:.2f}×")
+              f" {paris_ir / 1e6:.0f} M: {paris_ir / bare_ir:.2f}×; beside a running serve"
+              f" {served_ir / 1e6:.0f} M: {served_ir / bare_ir:.2f}×")
     shutil.rmtree(root, ignore_errors=True)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import Any
+
+TYPE_CHECKING = False  # typing is for mypy only here (bothy status: see bothy/cli.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["surface_attribute"]
 

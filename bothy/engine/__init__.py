@@ -6,9 +6,11 @@ package itself (``from bothy.engine import X``), each loaded on first use (:mod:
 
 from __future__ import annotations
 
-from typing import Any
-
 from bothy.surface import surface_attribute
+
+TYPE_CHECKING = False  # typing is for mypy only here (bothy status: see bothy/cli.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 _SURFACE = {
     "Alerts": "bothy.engine.alerts",

@@ -25,7 +25,6 @@ same process" (nothing is signalled).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import psutil
 
@@ -46,12 +45,48 @@ _DEAD = frozenset({psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD})
 _BOOT_SLACK_S = 2
 
 
-@dataclass(frozen=True)
-class ProcessStart:
+class _Value:
+    """A small immutable value, compared by its fields in ``_FIELDS``' order. (Not a
+    dataclass: ``bothy status`` reads the process table when a daemon is published, and
+    ``dataclasses``, with the ``inspect`` it imports, was a fifth of that status's start;
+    issue 18.)"""
+
+    __slots__ = ()
+    _FIELDS: tuple[str, ...] = ()
+
+    def _set(self, **values: object) -> None:
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable: cannot set {name!r}")
+
+    def _fields(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self._FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self) or not isinstance(other, _Value):
+            return NotImplemented
+        return other._fields() == self._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._FIELDS)
+        return f"{type(self).__name__}({shown})"
+
+
+class ProcessStart(_Value):
     """When a process started: clock ticks since boot, and that boot (None in an old record)."""
 
+    __slots__ = ("boot_s", "ticks")
+    _FIELDS = ("ticks", "boot_s")
     ticks: int
     boot_s: int | None
+
+    def __init__(self, ticks: int, boot_s: int | None) -> None:
+        self._set(ticks=ticks, boot_s=boot_s)
 
     def encode(self) -> str:
         """The stored form: ``"<ticks>@<boot>"``, or bare ``"<ticks>"`` for an old record."""
@@ -72,14 +107,18 @@ class ProcessStart:
         return self.boot_s + self.ticks / _TICKS_PER_S + _BOOT_SLACK_S < boot_s
 
 
-@dataclass(frozen=True)
-class ProcessRow:
+class ProcessRow(_Value):
     """One row of the process table, as far as Bothy cares."""
 
+    __slots__ = ("is_live", "pgid", "pid", "start")
+    _FIELDS = ("pid", "pgid", "is_live", "start")
     pid: int
     pgid: int
     is_live: bool  # False for a zombie or a dead task
     start: ProcessStart | None  # None if the table would not say (it was exiting)
+
+    def __init__(self, pid: int, pgid: int, is_live: bool, start: ProcessStart | None) -> None:
+        self._set(pid=pid, pgid=pgid, is_live=is_live, start=start)
 
 
 def boot_time_s() -> int:
