@@ -136,12 +136,25 @@ class WorkerPool:
 
     async def attach_worker(self, run_id: str, record: GroupRecord) -> None:
         """Persist the worker's group, as soon as it is spawned, so that a later Bothy can end
-        it if this one dies."""
+        it if this one dies: on the run's row, and as the run's ``worker`` group, which stays
+        until `worker stopped` is recorded (the run may be finished before its worker is:
+        recovery ends a finished run's group still named there)."""
         async with self._db.transaction():
             await self._db.execute(
                 "UPDATE runs SET pgid = ?, leader_pid = ?, leader_start = ? WHERE run_id = ?",
                 (record.pgid, record.leader_pid, record.leader_start, run_id),
             )
+            await self._db.execute(
+                "INSERT INTO groups (run_id, role, pgid, leader_pid, leader_start)"
+                " VALUES (?, 'worker', ?, ?, ?)",
+                (run_id, record.pgid, record.leader_pid, record.leader_start),
+            )
+
+    async def worker_stopped(self, run_id: str) -> None:
+        """The run's worker is stopped and recorded so: no later Bothy has it to end."""
+        async with self._db.transaction():
+            await self._db.execute(
+                "DELETE FROM groups WHERE run_id = ? AND role = 'worker'", (run_id,))
 
     async def note_model(self, run_id: str, model: str) -> None:
         """The model the run's thread actually got (the configured one may be unset)."""
