@@ -527,20 +527,20 @@ class Supervisor:
         settlement = await self.budget.settle(
             run_id, outcome=ended.outcome, reason=ended.reason, final_text=kept
         )
-        await self._audit.record(
+        # Submitted together, in this order: one commit (one fsync) holds both, settled first.
+        await asyncio.gather(self._audit.record(
             "budget", "settled", "ok", subject=subject, run_id=run_id,
             details={"cost_usd": format_usd(settlement.cost_micros, 6),
                      "reserved_usd": format_usd(settlement.reserved_micros, 6),
                      "released_usd": format_usd(settlement.released_micros, 6),
                      **settlement.figures},
-        )
-        await self._audit.record(
+        ), self._audit.record(
             "run", "finished", ended.outcome.recorded, subject=subject, run_id=run_id,
             details={"outcome": ended.outcome.value, "reason": ended.reason,
                      "cost_usd": format_usd(settlement.cost_micros, 6),
                      "final_chars": len(ended.text),
                      **_tokens(self._meters.pop(run_id, None))},
-        )
+        ))
         return RunResult(run_id, ended.outcome, settlement.cost_micros, kept, ended.reason,
                          thread_id=self._threads.pop(run_id, None))
 
