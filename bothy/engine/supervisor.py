@@ -419,15 +419,21 @@ class Supervisor:
             await worker.set_skill_roots([str(root) for root in profile.skills])
         thread = await self._thread(run_id, request, worker, live.toolbox,
                                     profile.sandbox if profile else "read-only")
-        await self.pool.note_model(run_id, thread.model)
+        # The model the thread got is noted while its turn starts: the price gate, which
+        # comes first, needs no commit, and codex starts the turn meanwhile.
+        noting = asyncio.ensure_future(self.pool.note_model(run_id, thread.model))
         price = self.budget.price(thread.model)
         if isinstance(price, Refused):
+            await noting
             await self._refused(run_id, request.subject, price)
             return RunEnd(Outcome.REFUSED, price.sentence())
         memory = live.toolbox.memory
         prompt = memory.prompt(request.prompt) if memory is not None else request.prompt
-        turn_id = await worker.start_turn(thread.thread_id, prompt,
-                                          traceparent=traceparent(run_id))
+        try:
+            turn_id = await worker.start_turn(thread.thread_id, prompt,
+                                              traceparent=traceparent(run_id))
+        finally:
+            await asyncio.shield(noting)
         await self._turn_started(run_id, request.subject, thread.model, turn_id, worker,
                                  thread_id=thread.thread_id)
         if self._spare is not None:  # while the model works (engine/spare.py)
