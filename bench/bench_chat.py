@@ -26,7 +26,7 @@ VmRSS (its process group) is printed beside serve's.
 
 Where the time of an answer goes is split by the run's audit records (``run started``: the
 worker's group spawned; ``turn started``; ``run finished``; and ``worker stopped``, which now
-comes after the answer: it is posted while codex exits), their timestamps put on this
+comes after the answer: it is posted before codex is stopped), their timestamps put on this
 process's monotonic clock. Targets are printed goals (issue 5), never assertions.
 """
 

@@ -1,9 +1,9 @@
-"""A chat answer goes out while its worker stops (issue 18), and a SIGKILL of a real ``bothy
+"""A chat answer goes out before its worker is stopped (issue 18), and a SIGKILL of a real ``bothy
 serve`` at the points that opens loses no answer and posts none twice.
 
 The run's end is settled and recorded (`budget settled`, `run finished`) before anything is
-posted; the answer is posted while codex exits; the wake is closed once it is posted; then
-`worker stopped`. So there are two new places to die:
+posted; the answer is posted; the wake is closed once it is posted; then the worker is stopped
+and `worker stopped` recorded. So there are two new places to die:
 
 - after `run finished`, before the answer is out (the fake Slack holds ``chat.postMessage``
   unanswered): the next start posts the kept answer, once, and ends the worker's group,

@@ -156,8 +156,11 @@ class Conversations:
         questions = _ThreadQuestions(thread)
 
         async def told(result: RunResult) -> None:
+            # Remembered first: a reply in the thread, possible from `run finished` on, finds
+            # the Codex thread to resume even while a question's post is still settling.
+            await self._remember_answer(thread.message, thread, result)
             await questions.posted()
-            await self._deliver(thread.message, thread, result)
+            await self._post_reply(thread, result)
 
         try:
             result = await start.run(request, asker=questions, told=told)
@@ -228,6 +231,12 @@ class Conversations:
     async def _deliver(self, message: ChatMessage, thread: _Thread, result: RunResult) -> None:
         """Keep the run's answer and Codex thread; post its reply (``NO_REPLY`` never is, and
         leaves no thread behind)."""
+        await self._remember_answer(message, thread, result)
+        await self._post_reply(thread, result)
+
+    async def _remember_answer(self, message: ChatMessage, thread: _Thread,
+                               result: RunResult) -> None:
+        """The run's answer and Codex thread, kept for the replies that continue it."""
         key = thread_key(message.platform, message.channel, thread.id)
         async with self._db.transaction():
             await self._db.execute(
@@ -235,6 +244,8 @@ class Conversations:
                 " codex_thread = COALESCE(?, codex_thread) WHERE thread_key = ?",
                 (result.final_text[-2000:], result.thread_id, key),
             )
+
+    async def _post_reply(self, thread: _Thread, result: RunResult) -> None:
         text = result.reply
         if not text or text.strip() == NO_REPLY:
             return

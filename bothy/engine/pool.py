@@ -33,8 +33,22 @@ _POLL_MAX_S = 0.5
 _EARLIEST_READY = (
     "SELECT run_id FROM runs AS r WHERE r.status = 'queued' AND r.seq < ?"
     " AND r.cancel_requested_us IS NULL AND NOT EXISTS (SELECT 1 FROM runs AS a"
-    " WHERE a.subject = r.subject AND a.seq < r.seq AND a.status IN ('queued', 'running'))"
+    " WHERE a.subject = r.subject AND a.seq < r.seq AND (a.status IN ('queued', 'running')"
+    " OR EXISTS (SELECT 1 FROM groups AS g WHERE g.run_id = a.run_id AND g.role = 'worker')))"
     " ORDER BY r.seq LIMIT 1"
+)
+# A finished run whose worker is still stopping (its answer is told first: engine/supervisor.py)
+# still holds its lane and its slot: the next run of a chat thread resumes the Codex thread,
+# which codex refuses while the last one's app-server still has it open.
+_STOPPING_IN_LANE = (
+    "SELECT r.run_id FROM runs AS r JOIN groups AS g ON g.run_id = r.run_id"
+    " WHERE r.subject = ? AND r.seq < ? AND r.status = 'finished' AND g.role = 'worker'"
+    " ORDER BY r.seq LIMIT 1"
+)
+_BUSY = (
+    "SELECT (SELECT COUNT(*) FROM runs WHERE status = 'running') + (SELECT COUNT(*) FROM runs"
+    " AS r JOIN groups AS g ON g.run_id = r.run_id WHERE r.status = 'finished'"
+    " AND g.role = 'worker')"
 )
 
 
@@ -90,7 +104,11 @@ class WorkerPool:
             )
             if ahead is not None:
                 return Waiting(f"behind {ahead['run_id']} in lane {row['subject']}")
-            busy = await self._db.scalar("SELECT COUNT(*) FROM runs WHERE status = 'running'")
+            stopping = await self._db.fetch_one(_STOPPING_IN_LANE, (row["subject"], row["seq"]))
+            if stopping is not None:
+                return Waiting(f"behind {stopping['run_id']} in lane {row['subject']}: its"
+                               " worker is stopping")
+            busy = await self._db.scalar(_BUSY)
             if busy >= self._cfg.max_workers:
                 return Waiting(f"pool full ({busy} of {self._cfg.max_workers} workers busy)")
             earlier = await self._db.fetch_one(_EARLIEST_READY, (row["seq"],))

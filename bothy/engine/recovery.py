@@ -11,8 +11,9 @@ Several processes may sweep at once; the ``UPDATE ... WHERE status != 'finished'
 a run decides which of them records it.
 
 A run's worker is also named by the run's ``worker`` row in ``groups`` until `worker stopped` is
-recorded. A run is settled, and its answer told, while its worker stops (``engine/supervisor.py``),
-so its owner may die with the run finished and the worker not yet stopped: the sweep ends such
+recorded. A chat run is settled, and its answer told, before its worker is stopped
+(``engine/supervisor.py``), so its owner may die with the run finished and the worker not yet
+stopped: the sweep ends such
 a group too and records its `worker stopped` (``by``: the later Bothy); the run stays as it
 finished.
 

@@ -153,8 +153,8 @@ class Supervisor:
         ``progress`` shows the run; ``asker`` shows its questions to whoever can answer them;
         ``admitted`` is set once the gates have admitted the run (a caller that keeps its wakes
         in arrival order waits for it, or for the refusal that ends the run). ``told`` hears
-        the end of a run that had a worker as soon as it is settled and recorded, while the
-        worker stops (the answer does not wait for codex's exit); it is not called for a run
+        the end of a run that had a worker as soon as it is settled and recorded, before the
+        worker is stopped (the answer does not wait for codex's exit); it is not called for a run
         that never reached a worker. Either way this returns once the worker is stopped."""
         run_id = request.run_id or new_run_id(self._clock)
         await self._received(run_id, request)
@@ -314,16 +314,21 @@ class Supervisor:
         self, run_id: str, subject: str, worker: Worker, toolbox: Toolbox, ended: RunEnd,
         closing: _Closing,
     ) -> None:
-        """The run's end settled and recorded, then told, while its worker stops: codex's
+        """The run's end settled and recorded, then told, then its worker stopped: codex's
         exit (tens of ms) is not on the answer's way. The group stays recorded for recovery
         until `worker stopped` (``groups``, role ``worker``): a crash before it leaves a
-        group the next start ends."""
-        ending = asyncio.ensure_future(self._end_worker(worker))  # stdin closed at once
+        group the next start ends.
+
+        The stop starts once the answer is out, not beside it: its signals, process-table
+        scans and codex's exit would compete with the settlement and the post (measured: a
+        reply sent as `run finished` appeared then found the conversation's Codex thread not
+        yet remembered, and started a new one)."""
         try:
             result = await asyncio.shield(closing.settle(ended))
             await closing.tell(result)
         finally:
-            await self._stop_worker(run_id, subject, worker, toolbox, ending)
+            await self._stop_worker(run_id, subject, worker, toolbox,
+                                    asyncio.ensure_future(self._end_worker(worker)))
 
     async def _started(self, run_id: str, subject: str, record: GroupRecord, launch: Launch,
                        taken: Worker | Cold | None) -> None:
@@ -350,7 +355,8 @@ class Supervisor:
         ending: asyncio.Future[StopReport | None],
     ) -> None:
         """Wait for the worker's group to end (``ending``), stop the run's tools, record
-        `worker stopped`, then forget the group recovery would have ended."""
+        `worker stopped`, then forget the group recovery would have ended (freeing the lane
+        and the slot it held)."""
         report = await asyncio.shield(ending)
         await asyncio.shield(toolbox.stop())
         await asyncio.shield(self._audit.record(
@@ -359,8 +365,9 @@ class Supervisor:
             details={"how": report.describe() if report else "never started",
                      "exit_code": worker.exit_code()},
         ))
-        if report is not None and not report.survivors:
-            await asyncio.shield(self.pool.worker_stopped(run_id))
+        # Forgotten even with survivors (`worker stopped failed` names them): the row holds
+        # the run's lane and slot (engine/pool.py), which must not stay held while we live.
+        await asyncio.shield(self.pool.worker_stopped(run_id))
 
     def _toolbox(
         self, run_id: str, request: RunRequest, asker: Asker, deadline: float,
@@ -553,7 +560,7 @@ class Supervisor:
 
 class _Closing:
     """How a run is closed, once: settled and recorded (`budget settled`, `run finished`),
-    then told. As soon as its turn ends when it had a worker (the worker stops meanwhile),
+    then told. As soon as its turn ends when it had a worker (the worker is stopped after),
     else in ``execute``'s ``finally``."""
 
     def __init__(self, settle: Callable[[RunEnd], Awaitable[RunResult]],

@@ -100,7 +100,7 @@ class WakeStart:
         """Take ``request`` through the engine. The run id is recorded on the wake first, so
         that after a crash the wake's run can be found; the admission keeps arrival order.
 
-        ``told`` hears the run's end once it is recorded, while its worker stops (see
+        ``told`` hears the run's end once it is recorded, before its worker is stopped (see
         :meth:`Supervisor.execute`); once it has, the wake is done (:attr:`done`): after a
         crash it is neither told again nor said to be cut short."""
         await self._inbox.set_run(self._wake_id, self.run_id)
