@@ -25,7 +25,8 @@ last answer (a person's mentions are further apart than a spare's start). The sp
 VmRSS (its process group) is printed beside serve's.
 
 Where the time of an answer goes is split by the run's audit records (``run started``: the
-worker's group spawned; ``turn started``; ``worker stopped``), their timestamps put on this
+worker's group spawned; ``turn started``; ``run finished``; and ``worker stopped``, which now
+comes after the answer: it is posted before codex is stopped), their timestamps put on this
 process's monotonic clock. Targets are printed goals (issue 5), never assertions.
 """
 
@@ -366,17 +367,21 @@ def _parts(site: Any, mentions: list[_Mention]) -> dict[str, list[float]]:
         moments.setdefault(key, record.ts.timestamp() - offset)
     names = ("mention → reaction", "→ `run started` (admitted, group spawned)",
              "→ `turn started` (codex up, thread)", "→ model request",
-             "model (left out)", "→ `worker stopped`", "→ answer posted")
+             "model (left out)", "→ `run finished` (settled, recorded)", "→ answer posted")
     parts: dict[str, list[float]] = {name: [] for name in names}
+    after_answer = "then `worker stopped` (codex's exit, after the answer)"
+    parts[after_answer] = []
     for m in mentions:
         started = moments.get((m.subject, "run started"))
         turn = moments.get((m.subject, "turn started"))
+        finished = moments.get((m.subject, "run finished"))
         stopped = moments.get((m.subject, "worker stopped"))
-        if started is None or turn is None or stopped is None:
+        if started is None or turn is None or finished is None or stopped is None:
             continue
-        cuts = (m.sent, m.reacted, started, turn, m.asked, m.answered, stopped, m.posted)
+        cuts = (m.sent, m.reacted, started, turn, m.asked, m.answered, finished, m.posted)
         for name, (before, after) in zip(names, itertools.pairwise(cuts), strict=True):
             parts[name].append((after - before) * 1000)
+        parts[after_answer].append((stopped - m.posted) * 1000)
     return {name: values for name, values in parts.items() if values}
 
 

@@ -252,6 +252,7 @@ async def check_orphans(scene: Scene) -> Finding:
                         " (see 'audit chain intact'): run bothy audit repair, then doctor again")
     named = [item.run_id for item in recovered]
     named += [f"spare app-server pgid {pgid}" for pgid in recovery.spares_ended]
+    named += [f"the worker of finished run {run}" for run in recovery.workers_ended]
     left = f"{len(named)} process group(s) left by a previous instance"
     if not named:
         return ok(left)

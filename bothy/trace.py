@@ -211,11 +211,15 @@ class _Builder:
                 self._worker.attributes["bothy.worker.exit_code"] = d.get("exit_code")
                 self._worker.summary = str(d.get("how", ""))
                 self._worker = None
+            if self._finished is not None and r.ts > self._finished:
+                self._finished = r.ts  # a chat run answers before its worker stops: it lasts
+                # until it has stopped
         elif pair == ("budget", "settled"):
             attrs = {f"bothy.{name[:-4]}_micros": _micros(d[name])
                      for name in ("cost_usd", "reserved_usd", "released_usd") if name in d}
             summary = f"cost {d.get('cost_usd', '?')} usd, released {d.get('released_usd', '?')}"
-            self._instant(r, "settlement", "settlement", attrs, summary)
+            self._close_turn(r.ts)  # the run's, even when its worker is still stopping
+            self._instant(r, "settlement", "settlement", attrs, summary, parent="run")
         elif pair == ("run", "finished"):
             self._close_turn(r.ts)
             self._finished = r.ts

@@ -82,7 +82,9 @@ async def test_trace_of_a_real_run_shows_each_step_as_a_tree_as_otlp_and_sent(
     expected = [
         r"├─ wake cli ok 0 ms  wake_\S+ from cli",
         r"├─ gate budget admitted ok 0 ms  reserved 0\.500000 usd of 25\.000000",
-        rf"├─ worker ok ({duration})  terminated in .*",
+        # codex exits on the end of its input, which the stop closes just before its TERM:
+        # under load it is sometimes gone before the TERM (both are a clean stop).
+        rf"├─ worker ok ({duration})  (terminated|already_gone) in .*",
         rf"│  └─ turn 1 ok ({duration})  model fake-model, 360 in, 24 out tokens",
         rf"│     ├─ command ran ok ({duration})  /bin/bash -lc 'echo traced' \(exit 0\)",
         rf"│     ├─ question approval bothy_checklist ok ({duration})  May I use bothy_checklist\?"

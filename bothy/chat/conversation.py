@@ -36,7 +36,8 @@ from bothy.config import Config
 from bothy.engine.alerts import AlertThread
 from bothy.engine.audit import AuditLog
 from bothy.engine.questions import APPROVAL_HINT
-from bothy.engine.run import NO_REPLY, RunRequest, RunResult
+from bothy.engine.recovery import settled_by_owner
+from bothy.engine.run import NO_REPLY, Outcome, RunRequest, RunResult
 from bothy.engine.state import RunRow, StateDB
 from bothy.errors import ChatError
 from bothy.wakes.delivery import Delivery
@@ -138,6 +139,8 @@ class Conversations:
         )
         await self._remember(message, thread.id, start.run_id)
         result = await self._run(start, request, thread)
+        if start.done:  # answered as soon as the run's end was recorded
+            return result
         if await start.stopped_before_start():
             # Queued again (the dispatcher's rule): its answer comes after the restart, so the
             # thread hears that, not a cancellation.
@@ -147,10 +150,20 @@ class Conversations:
         return result
 
     async def _run(self, start: WakeStart, request: RunRequest, thread: _Thread) -> RunResult:
-        """The run, its questions posted in the thread; the answer waits for those posts."""
+        """The run, its questions posted in the thread; the answer waits for those posts. A
+        run that had a worker is answered as soon as its end is recorded, while its worker
+        stops (``told``); one that never reached a worker, by the caller."""
         questions = _ThreadQuestions(thread)
+
+        async def told(result: RunResult) -> None:
+            # Remembered first: a reply in the thread, possible from `run finished` on, finds
+            # the Codex thread to resume even while a question's post is still settling.
+            await self._remember_answer(thread.message, thread, result)
+            await questions.posted()
+            await self._post_reply(thread, result)
+
         try:
-            result = await start.run(request, asker=questions)
+            result = await start.run(request, asker=questions, told=told)
         except BaseException:
             questions.cancel()
             raise
@@ -218,6 +231,12 @@ class Conversations:
     async def _deliver(self, message: ChatMessage, thread: _Thread, result: RunResult) -> None:
         """Keep the run's answer and Codex thread; post its reply (``NO_REPLY`` never is, and
         leaves no thread behind)."""
+        await self._remember_answer(message, thread, result)
+        await self._post_reply(thread, result)
+
+    async def _remember_answer(self, message: ChatMessage, thread: _Thread,
+                               result: RunResult) -> None:
+        """The run's answer and Codex thread, kept for the replies that continue it."""
         key = thread_key(message.platform, message.channel, thread.id)
         async with self._db.transaction():
             await self._db.execute(
@@ -225,15 +244,24 @@ class Conversations:
                 " codex_thread = COALESCE(?, codex_thread) WHERE thread_key = ?",
                 (result.final_text[-2000:], result.thread_id, key),
             )
+
+    async def _post_reply(self, thread: _Thread, result: RunResult) -> None:
         text = result.reply
         if not text or text.strip() == NO_REPLY:
             return
         await thread.post(text, run_id=result.run_id)
 
     async def interrupted(self, wake: WakeRow, delivery: Delivery, run: RunRow) -> None:
-        """Tell the thread whose run a crash cut short that it was stopped."""
+        """Tell the thread whose run a crash cut short that it was stopped; or, if the run
+        had finished and its answer was not yet out (the wake is done once it is), answer."""
         message, _ = _message_of(delivery.body)
-        if message.platform not in self.adapters:
+        adapter = self.adapters.get(message.platform)
+        if adapter is None:
+            return
+        if settled_by_owner(run):
+            kept = RunResult(run.run_id, Outcome(run.outcome or Outcome.FAILED), run.spent_micros,
+                             run.final_text or "", run.reason)
+            await self._deliver(message, _Thread(self, adapter, message, wake.route, {}), kept)
             return
         row = await self._db.fetch_one(
             "SELECT thread FROM chat_threads WHERE last_run_id = ?", (run.run_id,))

@@ -33,8 +33,22 @@ _POLL_MAX_S = 0.5
 _EARLIEST_READY = (
     "SELECT run_id FROM runs AS r WHERE r.status = 'queued' AND r.seq < ?"
     " AND r.cancel_requested_us IS NULL AND NOT EXISTS (SELECT 1 FROM runs AS a"
-    " WHERE a.subject = r.subject AND a.seq < r.seq AND a.status IN ('queued', 'running'))"
+    " WHERE a.subject = r.subject AND a.seq < r.seq AND (a.status IN ('queued', 'running')"
+    " OR EXISTS (SELECT 1 FROM groups AS g WHERE g.run_id = a.run_id AND g.role = 'worker')))"
     " ORDER BY r.seq LIMIT 1"
+)
+# A finished run whose worker is still stopping (its answer is told first: engine/supervisor.py)
+# still holds its lane and its slot: the next run of a chat thread resumes the Codex thread,
+# which codex refuses while the last one's app-server still has it open.
+_STOPPING_IN_LANE = (
+    "SELECT r.run_id FROM runs AS r JOIN groups AS g ON g.run_id = r.run_id"
+    " WHERE r.subject = ? AND r.seq < ? AND r.status = 'finished' AND g.role = 'worker'"
+    " ORDER BY r.seq LIMIT 1"
+)
+_BUSY = (
+    "SELECT (SELECT COUNT(*) FROM runs WHERE status = 'running') + (SELECT COUNT(*) FROM runs"
+    " AS r JOIN groups AS g ON g.run_id = r.run_id WHERE r.status = 'finished'"
+    " AND g.role = 'worker')"
 )
 
 
@@ -90,7 +104,11 @@ class WorkerPool:
             )
             if ahead is not None:
                 return Waiting(f"behind {ahead['run_id']} in lane {row['subject']}")
-            busy = await self._db.scalar("SELECT COUNT(*) FROM runs WHERE status = 'running'")
+            stopping = await self._db.fetch_one(_STOPPING_IN_LANE, (row["subject"], row["seq"]))
+            if stopping is not None:
+                return Waiting(f"behind {stopping['run_id']} in lane {row['subject']}: its"
+                               " worker is stopping")
+            busy = await self._db.scalar(_BUSY)
             if busy >= self._cfg.max_workers:
                 return Waiting(f"pool full ({busy} of {self._cfg.max_workers} workers busy)")
             earlier = await self._db.fetch_one(_EARLIEST_READY, (row["seq"],))
@@ -136,12 +154,25 @@ class WorkerPool:
 
     async def attach_worker(self, run_id: str, record: GroupRecord) -> None:
         """Persist the worker's group, as soon as it is spawned, so that a later Bothy can end
-        it if this one dies."""
+        it if this one dies: on the run's row, and as the run's ``worker`` group, which stays
+        until `worker stopped` is recorded (the run may be finished before its worker is:
+        recovery ends a finished run's group still named there)."""
         async with self._db.transaction():
             await self._db.execute(
                 "UPDATE runs SET pgid = ?, leader_pid = ?, leader_start = ? WHERE run_id = ?",
                 (record.pgid, record.leader_pid, record.leader_start, run_id),
             )
+            await self._db.execute(
+                "INSERT INTO groups (run_id, role, pgid, leader_pid, leader_start)"
+                " VALUES (?, 'worker', ?, ?, ?)",
+                (run_id, record.pgid, record.leader_pid, record.leader_start),
+            )
+
+    async def worker_stopped(self, run_id: str) -> None:
+        """The run's worker is stopped and recorded so: no later Bothy has it to end."""
+        async with self._db.transaction():
+            await self._db.execute(
+                "DELETE FROM groups WHERE run_id = ? AND role = 'worker'", (run_id,))
 
     async def note_model(self, run_id: str, model: str) -> None:
         """The model the run's thread actually got (the configured one may be unset)."""

@@ -10,6 +10,13 @@ was still queued when its owner died had spent nothing; it is closed and release
 Several processes may sweep at once; the ``UPDATE ... WHERE status != 'finished'`` that closes
 a run decides which of them records it.
 
+A run's worker is also named by the run's ``worker`` row in ``groups`` until `worker stopped` is
+recorded. A chat run is settled, and its answer told, before its worker is stopped
+(``engine/supervisor.py``), so its owner may die with the run finished and the worker not yet
+stopped: the sweep ends such
+a group too and records its `worker stopped` (``by``: the later Bothy); the run stays as it
+finished.
+
 A spare app-server (``engine/spare.py``) no run took is recorded in the ``spares`` table with
 the ``bothy serve`` that started it as its owner; when that owner is gone, its group is ended
 the same way and the row deleted (``spare recovered``; the ``DELETE`` decides who records it).
@@ -39,6 +46,12 @@ def owner_alive(row: RunRow) -> bool:
     return row.owner_start is not None and same_process(row.owner_pid, row.owner_start)
 
 
+def settled_by_owner(row: RunRow) -> bool:
+    """The run was finished by the Bothy that ran it (settled, its end recorded), not closed
+    by a sweep after that Bothy died (``crashed``, or never started)."""
+    return row.status == "finished" and not row.crashed and row.started_us is not None
+
+
 class Recovery:
     """Sweeps the state for runs whose owner died."""
 
@@ -48,6 +61,7 @@ class Recovery:
         self._clock = clock
         self._grace_s = grace_s
         self.spares_ended: list[int] = []  # the pgids of dead serves' spares the sweep ended
+        self.workers_ended: list[str] = []  # finished runs whose workers the sweep ended
 
     async def orphans(self) -> list[RunRow]:
         rows = await self._db.runs_with_status("queued", "running")
@@ -59,8 +73,41 @@ class Recovery:
             group = await self._end_group(row)
             if await self._close(row, group):
                 recovered.append(Recovered(row.run_id, row.subject, row.status, group))
+        self.workers_ended = await self._end_stopping_workers()
         self.spares_ended = await self._end_spares()
         return recovered
+
+    async def _end_stopping_workers(self) -> list[str]:
+        """End the workers of finished runs whose owner died before recording them stopped,
+        and record each once (`worker stopped`); the runs whose workers this sweep ended."""
+        ended = []
+        for group in await self._db.fetch_all(
+            "SELECT g.run_id, g.pgid, g.leader_pid, g.leader_start, r.subject, r.owner_pid,"
+            " r.owner_start FROM groups g JOIN runs r USING (run_id)"
+            " WHERE g.role = 'worker' AND r.status = 'finished'"
+        ):
+            if group["owner_start"] is not None and same_process(group["owner_pid"],
+                                                                 group["owner_start"]):
+                continue  # its owner is stopping it
+            record = GroupRecord(group["pgid"], group["leader_pid"], group["leader_start"])
+            outcome = await end_orphan_group(record, grace_s=self._grace_s)
+            if outcome.survivors:
+                continue  # still recorded: the next sweep tries again
+            # Recorded before the row goes, as for a spare: the DELETE decides who records it.
+            async with self._db.transaction():
+                changed = await self._db.execute(
+                    "DELETE FROM groups WHERE run_id = ? AND role = 'worker'",
+                    (group["run_id"],))
+                if changed:
+                    await self._audit.record(
+                        "worker", "stopped", "ok", subject=group["subject"],
+                        run_id=group["run_id"],
+                        details={"how": outcome.describe(), "exit_code": None,
+                                 "by": "a later bothy: the one that ran it died after the"
+                                       f" run finished (pid {group['owner_pid']})"})
+            if changed:
+                ended.append(str(group["run_id"]))
+        return ended
 
     async def _end_spares(self) -> list[int]:
         """End the spare app-servers whose ``bothy serve`` died, and record each once; the
@@ -94,7 +141,8 @@ class Recovery:
         if row.pgid is not None and row.leader_pid is not None and row.leader_start is not None:
             records.append(GroupRecord(row.pgid, row.leader_pid, row.leader_start))
         for extra in await self._db.fetch_all(
-            "SELECT pgid, leader_pid, leader_start FROM groups WHERE run_id = ?", (row.run_id,)
+            "SELECT pgid, leader_pid, leader_start FROM groups WHERE run_id = ?"
+            " AND role != 'worker'", (row.run_id,)  # the worker's is the row's own
         ):
             records.append(GroupRecord(extra["pgid"], extra["leader_pid"], extra["leader_start"]))
         if not records:
@@ -114,6 +162,8 @@ class Recovery:
                 " crashed = ?, finished_us = ? WHERE run_id = ? AND status != 'finished'",
                 (reason, crashed, to_us(self._clock()), row.run_id),
             )
+            await self._db.execute(  # ended above with the run's other groups
+                "DELETE FROM groups WHERE run_id = ? AND role = 'worker'", (row.run_id,))
         if changed:
             await self._audit.record(
                 "run",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,7 @@ from bothy.engine.launch import Launch, build_launch
 from bothy.engine.plan import budget_gate
 from bothy.engine.pool import Waiting, Withdrawn, WorkerPool
 from bothy.engine.prices import PriceTable
-from bothy.engine.procgroup import GroupRecord, process_start_time
+from bothy.engine.procgroup import GroupRecord, StopReport, process_start_time
 from bothy.engine.questions import QuestionBoard
 from bothy.engine.recovery import Recovered, Recovery
 from bothy.engine.run import (
@@ -60,6 +61,10 @@ STOPPED_BEFORE_START = "bothy stopped before the run started (it had no worker y
 # The next spare starts when a run ends or this long after its turn started: after codex has
 # sent the model request (tens of ms), while a real model works (seconds).
 SPARE_AFTER_TURN_S = 1.0
+
+
+Told = Callable[[RunResult], Awaitable[None]]
+"""Who hears a run's end as soon as it is recorded (a chat thread): ``execute``'s ``told``."""
 
 
 class _Unasked:
@@ -141,12 +146,16 @@ class Supervisor:
         *,
         asker: Asker | None = None,
         admitted: asyncio.Event | None = None,
+        told: Told | None = None,
     ) -> RunResult:
         """Take one wake through the gates and, if admitted, through a worker.
 
         ``progress`` shows the run; ``asker`` shows its questions to whoever can answer them;
         ``admitted`` is set once the gates have admitted the run (a caller that keeps its wakes
-        in arrival order waits for it, or for the refusal that ends the run)."""
+        in arrival order waits for it, or for the refusal that ends the run). ``told`` hears
+        the end of a run that had a worker as soon as it is settled and recorded, before the
+        worker is stopped (the answer does not wait for codex's exit); it is not called for a run
+        that never reached a worker. Either way this returns once the worker is stopped."""
         run_id = request.run_id or new_run_id(self._clock)
         await self._received(run_id, request)
         shown = progress or SilentProgress()
@@ -163,15 +172,16 @@ class Supervisor:
             admitted.set()
         shown.admitted(run_id)
         link = await self._task_link(run_id, request)
+        closing = _Closing(lambda ended: self._settle(run_id, request.subject, ended), told)
         ended = RunEnd(Outcome.FAILED, "the run ended unexpectedly")
         try:
             ended = await self._claim_and_work(run_id, request, decision, shown,
-                                               asker or _Unasked(), link)
+                                               asker or _Unasked(), link, closing)
         except asyncio.CancelledError:
             ended = RunEnd(Outcome.CANCELLED, "bothy was stopped while the run worked")
             raise
         finally:
-            result = await asyncio.shield(self._settle(run_id, request.subject, ended))
+            result = await asyncio.shield(closing.settle(ended))
             if link is not None:  # the note, then the release: last of all, in every ending
                 await asyncio.shield(link.finish(result.outcome, result.cost_micros,
                                                  result.answer, result.reason))
@@ -235,7 +245,7 @@ class Supervisor:
 
     async def _claim_and_work(
         self, run_id: str, request: RunRequest, admitted: Admitted, progress: Progress,
-        asker: Asker, link: TaskLink | None,
+        asker: Asker, link: TaskLink | None, closing: _Closing,
     ) -> RunEnd:
         async def between_tries() -> None:
             if self.stopping.is_set():
@@ -256,14 +266,14 @@ class Supervisor:
             if isinstance(taken, Refused):
                 return RunEnd(Outcome.REFUSED, taken.sentence())
             request = taken
-        return await self._work(run_id, request, admitted, progress, asker, link)
+        return await self._work(run_id, request, admitted, progress, asker, link, closing)
 
     def _waiting(self, waiting: Waiting, progress: Progress) -> None:
         progress.waiting(waiting.reason)
 
     async def _work(
         self, run_id: str, request: RunRequest, admitted: Admitted, progress: Progress,
-        asker: Asker, link: TaskLink | None,
+        asker: Asker, link: TaskLink | None, closing: _Closing,
     ) -> RunEnd:
         deadline = asyncio.get_running_loop().time() + request.wall_clock_s
         toolbox = self._toolbox(run_id, request, asker, deadline, link)
@@ -276,17 +286,49 @@ class Supervisor:
         except (OSError, ProcessGroupError) as exc:
             return RunEnd(Outcome.FAILED, f"the worker could not start: {exc}")
         try:
-            await self._started(run_id, request.subject, record, launch, taken)
-            progress.started(run_id, record.leader_pid)
-            await toolbox.start()
-            live = LiveRun(request, worker, worker.events, progress, toolbox, deadline)
-            return await self._converse(run_id, live, admitted)
-        except AppServerError as exc:
-            return RunEnd(Outcome.FAILED, worker.failure(str(exc)))
+            try:
+                await self._started(run_id, request.subject, record, launch, taken)
+                progress.started(run_id, record.leader_pid)
+                await toolbox.start()
+                live = LiveRun(request, worker, worker.events, progress, toolbox, deadline)
+                ended = await self._converse(run_id, live, admitted)
+            except AppServerError as exc:
+                ended = RunEnd(Outcome.FAILED, worker.failure(str(exc)))
+            except BaseException:  # cancelled, or broken: the worker is stopped, then we go
+                await self._stop_worker(run_id, request.subject, worker, toolbox,
+                                        asyncio.ensure_future(self._end_worker(worker)))
+                raise
+            if closing.tells:
+                await self._told_while_stopping(run_id, request.subject, worker, toolbox,
+                                                ended, closing)
+            else:  # nobody to tell before execute returns: stopped, then settled (the
+                # register's usual order, `run finished` last)
+                await self._stop_worker(run_id, request.subject, worker, toolbox,
+                                        asyncio.ensure_future(self._end_worker(worker)))
+            return ended
         finally:
-            await self._stop_worker(run_id, request.subject, worker, toolbox)
             if self._spare is not None:
                 self._spare.start()  # a no-op if one is held or starting
+
+    async def _told_while_stopping(
+        self, run_id: str, subject: str, worker: Worker, toolbox: Toolbox, ended: RunEnd,
+        closing: _Closing,
+    ) -> None:
+        """The run's end settled and recorded, then told, then its worker stopped: codex's
+        exit (tens of ms) is not on the answer's way. The group stays recorded for recovery
+        until `worker stopped` (``groups``, role ``worker``): a crash before it leaves a
+        group the next start ends.
+
+        The stop starts once the answer is out, not beside it: its signals, process-table
+        scans and codex's exit would compete with the settlement and the post (measured: a
+        reply sent as `run finished` appeared then found the conversation's Codex thread not
+        yet remembered, and started a new one)."""
+        try:
+            result = await asyncio.shield(closing.settle(ended))
+            await closing.tell(result)
+        finally:
+            await self._stop_worker(run_id, subject, worker, toolbox,
+                                    asyncio.ensure_future(self._end_worker(worker)))
 
     async def _started(self, run_id: str, subject: str, record: GroupRecord, launch: Launch,
                        taken: Worker | Cold | None) -> None:
@@ -305,17 +347,27 @@ class Supervisor:
         if self._spare is not None and isinstance(taken, Worker):
             self._spare.run_started(record)
 
+    async def _end_worker(self, worker: Worker) -> StopReport | None:
+        return await worker.stop(grace_s=self._cfg.limits.stop_grace_s)
+
     async def _stop_worker(
-        self, run_id: str, subject: str, worker: Worker, toolbox: Toolbox
+        self, run_id: str, subject: str, worker: Worker, toolbox: Toolbox,
+        ending: asyncio.Future[StopReport | None],
     ) -> None:
-        report = await asyncio.shield(worker.stop(grace_s=self._cfg.limits.stop_grace_s))
+        """Wait for the worker's group to end (``ending``), stop the run's tools, record
+        `worker stopped`, then forget the group recovery would have ended (freeing the lane
+        and the slot it held)."""
+        report = await asyncio.shield(ending)
         await asyncio.shield(toolbox.stop())
-        await self._audit.record(
+        await asyncio.shield(self._audit.record(
             "worker", "stopped", "failed" if report and report.survivors else "ok",
             subject=subject, run_id=run_id,
             details={"how": report.describe() if report else "never started",
                      "exit_code": worker.exit_code()},
-        )
+        ))
+        # Forgotten even with survivors (`worker stopped failed` names them): the row holds
+        # the run's lane and slot (engine/pool.py), which must not stay held while we live.
+        await asyncio.shield(self.pool.worker_stopped(run_id))
 
     def _toolbox(
         self, run_id: str, request: RunRequest, asker: Asker, deadline: float,
@@ -374,15 +426,21 @@ class Supervisor:
             await worker.set_skill_roots([str(root) for root in profile.skills])
         thread = await self._thread(run_id, request, worker, live.toolbox,
                                     profile.sandbox if profile else "read-only")
-        await self.pool.note_model(run_id, thread.model)
+        # The model the thread got is noted while its turn starts: the price gate, which
+        # comes first, needs no commit, and codex starts the turn meanwhile.
+        noting = asyncio.ensure_future(self.pool.note_model(run_id, thread.model))
         price = self.budget.price(thread.model)
         if isinstance(price, Refused):
+            await noting
             await self._refused(run_id, request.subject, price)
             return RunEnd(Outcome.REFUSED, price.sentence())
         memory = live.toolbox.memory
         prompt = memory.prompt(request.prompt) if memory is not None else request.prompt
-        turn_id = await worker.start_turn(thread.thread_id, prompt,
-                                          traceparent=traceparent(run_id))
+        try:
+            turn_id = await worker.start_turn(thread.thread_id, prompt,
+                                              traceparent=traceparent(run_id))
+        finally:
+            await asyncio.shield(noting)
         await self._turn_started(run_id, request.subject, thread.model, turn_id, worker,
                                  thread_id=thread.thread_id)
         if self._spare is not None:  # while the model works (engine/spare.py)
@@ -482,22 +540,49 @@ class Supervisor:
         settlement = await self.budget.settle(
             run_id, outcome=ended.outcome, reason=ended.reason, final_text=kept
         )
-        await self._audit.record(
+        # Submitted together, in this order: one commit (one fsync) holds both, settled first.
+        await asyncio.gather(self._audit.record(
             "budget", "settled", "ok", subject=subject, run_id=run_id,
             details={"cost_usd": format_usd(settlement.cost_micros, 6),
                      "reserved_usd": format_usd(settlement.reserved_micros, 6),
                      "released_usd": format_usd(settlement.released_micros, 6),
                      **settlement.figures},
-        )
-        await self._audit.record(
+        ), self._audit.record(
             "run", "finished", ended.outcome.recorded, subject=subject, run_id=run_id,
             details={"outcome": ended.outcome.value, "reason": ended.reason,
                      "cost_usd": format_usd(settlement.cost_micros, 6),
                      "final_chars": len(ended.text),
                      **_tokens(self._meters.pop(run_id, None))},
-        )
+        ))
         return RunResult(run_id, ended.outcome, settlement.cost_micros, kept, ended.reason,
                          thread_id=self._threads.pop(run_id, None))
+
+
+class _Closing:
+    """How a run is closed, once: settled and recorded (`budget settled`, `run finished`),
+    then told. As soon as its turn ends when it had a worker (the worker is stopped after),
+    else in ``execute``'s ``finally``."""
+
+    def __init__(self, settle: Callable[[RunEnd], Awaitable[RunResult]],
+                 told: Told | None) -> None:
+        self._settle = settle
+        self._told = told
+        self._settled: asyncio.Future[RunResult] | None = None
+
+    async def settle(self, ended: RunEnd) -> RunResult:
+        """The run's result, settled by the first call (a later one gets the same)."""
+        if self._settled is None:
+            self._settled = asyncio.ensure_future(self._settle(ended))
+        return await self._settled
+
+    @property
+    def tells(self) -> bool:
+        """Someone hears the run's end before ``execute`` returns (a chat thread)."""
+        return self._told is not None
+
+    async def tell(self, result: RunResult) -> None:
+        if self._told is not None:
+            await self._told(result)
 
 
 def _tokens(meter: TokenMeter | None) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from bothy.clock import Clock, to_us
 from bothy.config import WakesConfig
 from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog
+from bothy.engine.recovery import settled_by_owner
 from bothy.engine.run import Outcome, new_run_id
 from bothy.engine.state import RunRow, StateDB
 from bothy.engine.supervisor import Supervisor
@@ -125,7 +126,9 @@ class Dispatcher:
                 await self._requeue(wake, wake.run_id, f"bothy stopped before its run was {stage}")
                 found.requeued += 1
                 continue
-            note = f"bothy stopped while its run was {row.status}; run {row.outcome or 'failed'}"
+            note = (f"bothy stopped after its run finished, before it was told; run {row.outcome}"
+                    if settled_by_owner(row) else
+                    f"bothy stopped while its run was {row.status}; run {row.outcome or 'failed'}")
             await self._inbox.finish(wake.id, "done", run_id=row.run_id, note=note)
             await self._audit.record("wake", "interrupted", "failed", subject=row.subject,
                                      run_id=row.run_id, details={"delivery": wake.key,
@@ -237,6 +240,8 @@ class Dispatcher:
                                             " part is not configured")
             return
         ended = await handler.handle(wake, delivery, start)
+        if start.done:  # closed as soon as its run's end was told
+            return
         if isinstance(ended, Ignored):
             await self._ignore(wake, start, ended.reason)
         elif isinstance(ended, Quiet):  # its handler audited why; nothing ran

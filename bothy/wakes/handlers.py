@@ -33,7 +33,7 @@ from bothy.engine.framing import frame, new_token
 from bothy.engine.launch import build_launch
 from bothy.engine.run import RunRequest, RunResult
 from bothy.engine.state import RunRow
-from bothy.engine.supervisor import Supervisor
+from bothy.engine.supervisor import Supervisor, Told
 from bothy.home import BothyHome
 from bothy.money import usd_to_micros
 from bothy.wakes import poller, schedules
@@ -93,12 +93,28 @@ class WakeStart:
         self._inbox = inbox
         self._supervisor = supervisor
         self._admitted = admitted
+        self.done = False  # the wake was closed once its run's end was told
 
-    async def run(self, request: RunRequest, *, asker: Asker | None = None) -> RunResult:
+    async def run(self, request: RunRequest, *, asker: Asker | None = None,
+                  told: Told | None = None) -> RunResult:
         """Take ``request`` through the engine. The run id is recorded on the wake first, so
-        that after a crash the wake's run can be found; the admission keeps arrival order."""
+        that after a crash the wake's run can be found; the admission keeps arrival order.
+
+        ``told`` hears the run's end once it is recorded, before its worker is stopped (see
+        :meth:`Supervisor.execute`); once it has, the wake is done (:attr:`done`): after a
+        crash it is neither told again nor said to be cut short."""
         await self._inbox.set_run(self._wake_id, self.run_id)
-        return await self._supervisor.execute(request, asker=asker, admitted=self._admitted)
+        if told is None:
+            return await self._supervisor.execute(request, asker=asker, admitted=self._admitted)
+
+        async def told_then_done(result: RunResult) -> None:
+            await told(result)
+            await self._inbox.finish(self._wake_id, "done", run_id=result.run_id,
+                                     note=result.outcome)
+            self.done = True
+
+        return await self._supervisor.execute(request, asker=asker, admitted=self._admitted,
+                                              told=told_then_done)
 
     async def stopped_before_start(self) -> bool:
         """Whether Bothy is stopping and this attempt's run never reached a worker: nothing
