@@ -64,7 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     try:
         code = _main(argv)
-        sys.stdout.flush()  # here, so a closed pipe is met inside the try
+        if sys.stdout is not None:  # None when started with standard output closed (>&-)
+            sys.stdout.flush()  # here, so a closed pipe is met inside the try
     except BrokenPipeError:
         return _reader_gone()
     return code
