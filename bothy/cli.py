@@ -64,7 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     try:
         code = _main(argv)
-        sys.stdout.flush()  # here, so a closed pipe is met inside the try
+        if sys.stdout is not None:  # None when started with standard output closed (>&-)
+            sys.stdout.flush()  # here, so a closed pipe is met inside the try
     except BrokenPipeError:
         return _reader_gone()
     return code
@@ -140,15 +141,18 @@ def _status(as_json: bool) -> int:
     status's instructions, more than its own imports; issue 18).
     """
     gc.disable()
-    import json
+    try:
+        import json
 
-    from bothy.home import BothyHome
-    from bothy.status import collect_status, render_status, status_view
+        from bothy.home import BothyHome
+        from bothy.status import collect_status, render_status, status_view
 
-    home = BothyHome.from_env()
-    report = collect_status(home, status_view(home))
-    print(json.dumps(report, indent=2) if as_json else render_status(report))
-    gc.freeze()
+        home = BothyHome.from_env()
+        report = collect_status(home, status_view(home))
+        print(json.dumps(report, indent=2) if as_json else render_status(report))
+        gc.freeze()
+    finally:
+        gc.enable()  # a caller in the same process (a test, a tool) gets its collector back
     return ExitCode.OK
 
 

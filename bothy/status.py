@@ -133,8 +133,8 @@ def _collect(home: BothyHome, view: StatusView, now: datetime) -> dict[str, Any]
     waiting = _traces_waiting(home)
     if waiting is not None:  # only on a site whose bothy serve exports traces (config otel)
         report["traces_waiting"] = waiting
-    if not home.db_path.exists():
-        return report
+    if not home.db_path.exists() or home.db_path.stat().st_size == 0:
+        return report  # none yet, or an empty file no serve has made tables in: nothing ran
     zone = _zone(view.timezone)
     db = sqlite3.connect(f"file:{home.db_path}?mode=ro", uri=True, timeout=5)
     db.row_factory = sqlite3.Row

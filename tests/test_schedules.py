@@ -298,6 +298,35 @@ async def test_a_schedule_added_to_an_empty_table_gets_its_timer_from_the_period
         await runner.stop()
 
 
+async def test_a_sync_that_cannot_read_the_table_is_logged_and_the_syncing_goes_on(
+    parts: _Parts, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A row the sync cannot read (edited by hand) fails that sync only: it is logged, the
+    periodic sync keeps running inside serve, and once the row is fixed the next one
+    gives the table's schedules their timers."""
+    runner = parts.runner()
+    assert await runner.start() == 0
+    await parts.store.add(Schedule("nightly", "0 3 * * *", "heartbeat"))
+    async with parts.db.transaction():
+        await parts.db.execute(
+            "UPDATE schedules SET verify_argv = 'not json' WHERE name = 'nightly'")
+    stop = asyncio.Event()
+    syncing = asyncio.create_task(runner.keep_synced(stop, every_s=0.01))
+    try:
+        await until(lambda: "cannot sync the timers" in caplog.text, "the failed sync logged",
+                    timeout_s=10)
+        assert not syncing.done()
+        async with parts.db.transaction():
+            await parts.db.execute("UPDATE schedules SET verify_argv = NULL")
+        await until(lambda: "nightly" in runner.next_fires(), "the next sync gave its timer",
+                    timeout_s=10)
+    finally:
+        stop.set()
+        async with asyncio.timeout(10):
+            await syncing
+        await runner.stop()
+
+
 # --- the inbox carries scheduled wakes ----------------------------------------------------------
 
 

@@ -71,6 +71,20 @@ async def test_status_reads_alike_however_its_line_is_spelt(tmp_path: Path) -> N
 
 
 @pytest.mark.codex
+async def test_status_of_an_empty_state_file_says_nothing_ran(tmp_path: Path) -> None:
+    """A zero-length state database (made, no tables yet) reads as a site where nothing ran,
+    as a missing one does: no traceback."""
+    site = Site(tmp_path, "http://127.0.0.1:9/v1")
+    (site.home / "state").mkdir(mode=0o700)
+    (site.home / "state" / "bothy.sqlite3").touch()
+    done = await site.bothy("status", "--json")
+    assert done.code == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["used_usd"] == "0.0000" and report["running"] == []
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.codex
 async def test_status_shows_a_held_question(tmp_path: Path) -> None:
     """While a run holds a question, `bothy status` shows it, with how to answer it."""
     async with ModelServer() as server:

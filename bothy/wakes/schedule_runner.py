@@ -87,9 +87,10 @@ class ScheduleRunner:
             return await self._sync()
 
     async def keep_synced(self, stop: asyncio.Event, *, every_s: float = _SYNC_EVERY_S) -> None:
-        """Sync every ``every_s`` until ``stop`` is set (``bothy serve``). A sync the state
-        database or the register refuses is logged and tried again next time, as
-        APScheduler's own interval job was."""
+        """Sync every ``every_s`` until ``stop`` is set (``bothy serve``). A sync that fails
+        (the state database or the register refusing, a row it cannot read) is logged and
+        tried again next time, as APScheduler's own interval job was: a background chore
+        never takes the daemon down with it."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(every_s):
@@ -101,6 +102,9 @@ class ScheduleRunner:
             except BothyError as exc:
                 _log.error("schedules: cannot sync the timers with the table (tried again in"
                            " %g s): %s", every_s, exc)
+            except Exception:  # what else it may meet (sqlite3, a bad row): logged, not fatal
+                _log.exception("schedules: cannot sync the timers with the table (tried again"
+                               " in %g s)", every_s)
 
     async def stop(self) -> None:
         """Stop the timers. A fire under way finishes first; none starts after this."""
