@@ -30,8 +30,8 @@ from bothy.engine.procgroup import live_members
 from tests.fakes.codex import codex_binary
 from tests.fakes.model_server import ModelServer, text
 from tests.fakes.shell import DEADLINE_S, Shell, audit_records, until
-from tests.fakes.site import Site, without_proxies
-from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
+from tests.fakes.site import Site
+from tests.fakes.slack import FakeSlack, slack_environment
 from tests.test_chat_serve import CHANNEL, OPERATOR, _posts_in
 from tests.test_serve import free_port, start_serve
 from tests.test_stop_matrix_chat import RESTARTED
@@ -47,9 +47,7 @@ _DEAF_TO_TERM = ("(trap '' TERM; exec sleep 600) </dev/null >/dev/null 2>&1 &"
 
 @pytest.fixture(autouse=True)
 def _environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    without_proxies(monkeypatch)
-    monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
-    monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
+    slack_environment(monkeypatch)
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ from tests.fakes.discord import ALERT_CHANNEL_ID, ALICE_ID, CHANNEL_ID
 from tests.fakes.model_server import ModelServer, text
 from tests.fakes.netns import DiscordNetwork
 from tests.fakes.shell import Shell, audit_records, until
-from tests.fakes.site import Site, without_proxies
-from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
+from tests.fakes.site import Site
+from tests.fakes.slack import FakeSlack, slack_environment
 from tests.test_serve import free_port, start_serve
 
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(90)]
@@ -38,9 +38,7 @@ SILENT_AFTER_S = 3.0  # well above a ping round trip on a loaded 2-core machine
 @pytest.fixture(autouse=True)
 def _environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tokens for `bothy serve`; no proxy may hijack loopback (chat-testing.md, pitfall 1)."""
-    without_proxies(monkeypatch)
-    monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
-    monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
+    slack_environment(monkeypatch)
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ import pytest
 
 from tests.fakes.model_server import ModelServer, stall, text, tool_call
 from tests.fakes.shell import Shell, audit_records, until
-from tests.fakes.site import Site, without_proxies
-from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
+from tests.fakes.site import Site
+from tests.fakes.slack import FakeSlack, slack_environment
 from tests.test_serve import free_port, start_serve
 
 pytestmark = pytest.mark.codex
@@ -28,9 +28,7 @@ CHANNEL = "CWORK"
 @pytest.fixture(autouse=True)
 def _environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tokens for `bothy serve`; no proxy may hijack loopback (chat-testing.md, pitfall 1)."""
-    without_proxies(monkeypatch)
-    monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
-    monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
+    slack_environment(monkeypatch)
 
 
 @pytest.fixture

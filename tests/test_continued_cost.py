@@ -18,8 +18,8 @@ from bothy.engine.prices import TokenUsage
 from bothy.engine.tokenmeter import TokenMeter
 from tests.fakes.model_server import ModelServer, Usage, text, tool_call
 from tests.fakes.shell import Shell, audit_records, until
-from tests.fakes.site import Site, without_proxies
-from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
+from tests.fakes.site import Site
+from tests.fakes.slack import FakeSlack, slack_environment
 from tests.test_serve import free_port, start_serve
 
 OPERATOR = "UOPERATOR"
@@ -44,9 +44,7 @@ async def test_a_continued_conversation_pays_and_counts_only_its_own_tokens(
     answer) finishes at its own cost and tokens, not the thread's; the token limit and the
     reservation that the two runs together pass but the second alone does not stop nothing;
     `bothy status` spend is the sum of the runs' costs."""
-    without_proxies(monkeypatch)
-    monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
-    monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
+    slack_environment(monkeypatch)
     async with ModelServer() as server, FakeSlack(ack_timeout_s=5.0) as slack:
         # Prices (tests/fakes/site.py): 100 usd/Mtok input, 10 cached, 400 output.
         # First run: 800 uncached + 200 cached in, 50 out = 0.080 + 0.002 + 0.020 = 0.102 usd.

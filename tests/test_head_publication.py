@@ -20,8 +20,8 @@ from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog, AuditRecord
 from bothy.engine.headpublisher import HeadPublisher
 from tests.fakes.shell import Shell, audit_records, until
-from tests.fakes.site import Site, without_proxies
-from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
+from tests.fakes.site import Site
+from tests.fakes.slack import FakeSlack, slack_environment
 from tests.test_serve import free_port, start_serve
 
 POSTED = re.compile(r"head (\d{4}) ([0-9a-f]{64})")
@@ -175,9 +175,7 @@ async def test_serve_posts_the_head_to_the_alert_channel_as_audit_head_prints_it
     """A day after the last published head, `bothy serve` records the head and posts it in
     the alert channel; the register cut back to the posted seq gives that same `bothy audit
     head`, and the whole register still verifies."""
-    without_proxies(monkeypatch)
-    monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
-    monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
+    slack_environment(monkeypatch)
     site = Site(tmp_path, "http://127.0.0.1:9/v1", listen={"tailnet_port": free_port()},
                 chat={"slack": {"api_url": slack.api_url, "allowed_users": ["UOPERATOR"],
                                 "alert_channel": "CALERTS"}})

@@ -19,8 +19,8 @@ from bothy.memory import MemoryStore, SiteMemory
 from tests.fakes import github
 from tests.fakes.model_server import ModelServer, text, tool_call
 from tests.fakes.shell import Shell, audit_records, until
-from tests.fakes.site import Site, without_proxies
-from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
+from tests.fakes.site import Site
+from tests.fakes.slack import BOT_TOKEN, FakeSlack, slack_environment
 from tests.test_memory import GITHUB_TOKEN
 from tests.test_profiles import completed, told
 from tests.test_serve import SECRET, free_port, queued, serve_site, start_serve
@@ -382,9 +382,7 @@ async def test_a_slack_mention_writes_memory_and_a_later_mention_recalls_it(
 ) -> None:
     """Through `bothy serve` and slack-bolt: one mention stores a fact about a person, a later
     mention in a new thread has it in its prompt and answers with it."""
-    without_proxies(monkeypatch)
-    monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
-    monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
+    slack_environment(monkeypatch)
     async with FakeSlack(ack_timeout_s=5.0) as slack:
         site = Site(tmp_path, server.base_url, listen={"tailnet_port": free_port()},
                     chat={"slack": {"api_url": slack.api_url, "allowed_users": ["UMARIE"],

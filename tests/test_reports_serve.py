@@ -23,8 +23,8 @@ from bothy.clock import to_us
 from tests.fakes import github
 from tests.fakes.model_server import ModelServer, stall, text, tool_call
 from tests.fakes.shell import Shell, until
-from tests.fakes.site import Site, without_proxies
-from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack, Post
+from tests.fakes.site import Site
+from tests.fakes.slack import FakeSlack, Post, slack_environment
 from tests.test_serve import SECRET, free_port, queued, records, start_serve
 
 pytestmark = pytest.mark.codex
@@ -38,9 +38,7 @@ SITE = "test-site"
 @pytest.fixture(autouse=True)
 def _environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tokens and the route's secret for `bothy serve`; no proxy may hijack loopback."""
-    without_proxies(monkeypatch)
-    monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
-    monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
+    slack_environment(monkeypatch)
     monkeypatch.setenv("GH_SECRET", SECRET)
 
 

@@ -27,8 +27,8 @@ from tests.fakes import github
 from tests.fakes.codex import codex_binary
 from tests.fakes.model_server import ModelServer, text
 from tests.fakes.shell import Shell, audit_records, started_group, until
-from tests.fakes.site import Site, without_proxies
-from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
+from tests.fakes.site import Site
+from tests.fakes.slack import FakeSlack, slack_environment
 from tests.test_serve import Serving, free_port, queued, serve_site, start_serve, until_count
 
 pytestmark = pytest.mark.codex
@@ -395,9 +395,7 @@ async def test_a_spare_that_is_not_true_or_false_is_a_configuration_error(
 
 @pytest.fixture
 async def slack(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeSlack]:
-    without_proxies(monkeypatch)
-    monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
-    monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
+    slack_environment(monkeypatch)
     async with FakeSlack(ack_timeout_s=5.0) as fake:
         yield fake
 

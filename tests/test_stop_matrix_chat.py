@@ -19,8 +19,8 @@ import pytest
 
 from tests.fakes.model_server import ModelServer, stall, text
 from tests.fakes.shell import DEADLINE_S, Shell, audit_records, until
-from tests.fakes.site import Site, without_proxies
-from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
+from tests.fakes.site import Site
+from tests.fakes.slack import FakeSlack, slack_environment
 from tests.test_chat_serve import CHANNEL, OPERATOR, _posts_in, _site
 from tests.test_serve import accepting, records, start_serve
 
@@ -30,9 +30,7 @@ pytestmark = pytest.mark.codex
 @pytest.fixture(autouse=True)
 def _environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tokens for `bothy serve`; no proxy may hijack loopback (chat-testing.md, pitfall 1)."""
-    without_proxies(monkeypatch)
-    monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
-    monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
+    slack_environment(monkeypatch)
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ from bothy.engine.auditindex import wake_id_for
 from tests.fakes.model_server import ModelServer, Usage, text, tool_call
 from tests.fakes.otlp import problems
 from tests.fakes.shell import Shell, audit_records, until
-from tests.fakes.site import Site, without_proxies
-from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
+from tests.fakes.site import Site
+from tests.fakes.slack import FakeSlack, slack_environment
 from tests.test_serve import free_port, start_serve
 
 OPERATOR = "UOPERATOR"
@@ -73,9 +73,7 @@ async def test_a_question_answered_in_slack_a_late_reply_and_a_continued_thread_
     and the operator's answer, the second reply that came while the run was still working (a
     late answer), each with who wrote it; the next reply is a run of its own on the same Codex
     thread, whose turn counts only its own tokens."""
-    without_proxies(monkeypatch)
-    monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
-    monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
+    slack_environment(monkeypatch)
     release = asyncio.Event()
     async with ModelServer() as server, FakeSlack(ack_timeout_s=5.0) as slack:
         server.script(tool_call("bothy_checklist", {"action": "add", "item": "Watch the disk."}),

@@ -16,7 +16,8 @@ import pytest
 
 from tests.fakes.model_server import ModelServer
 from tests.fakes.shell import DEADLINE_S, Shell, audit_records
-from tests.fakes.site import Site, without_proxies
+from tests.fakes.site import Site
+from tests.fakes.slack import slack_environment
 from tests.test_serve import free_port, records, serve_site, start_serve
 
 TOKEN = "s3cret-page-token"
@@ -326,11 +327,9 @@ async def test_the_overview_shows_the_chat_connection_as_status_does(
     """With Slack connected (the real slack-bolt against the fake), the overview names the
     connection and its liveness line in `bothy status`'s own words."""
 
-    from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, FakeSlack
+    from tests.fakes.slack import FakeSlack
 
-    without_proxies(monkeypatch)
-    monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
-    monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
+    slack_environment(monkeypatch)
     async with FakeSlack(ack_timeout_s=5.0) as slack:
         site = serve_site(tmp_path, server, chat={"slack": {"api_url": slack.api_url,
                                                            "allowed_users": ["U1"]}})

@@ -58,15 +58,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from aiohttp import WSMsgType, web
+
+from tests.fakes.site import without_proxies
 
 BOT_TOKEN = "xoxb-fake-bot-token"
 APP_TOKEN = "xapp-fake-app-token"
+
 BOT_USER_ID = "UBOTHY01"
 BOT_ID = "BBOTHY01"
 TEAM_ID = "TFAKE001"
 APP_ID = "AFAKE001"
 PERMALINK_BASE = "https://fake.slack.example"
+
+
+def slack_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a `bothy serve` talking to this fake needs in its environment: the two tokens, and
+    no proxy that could hijack loopback (chat-testing.md, pitfall 1)."""
+    without_proxies(monkeypatch)
+    monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
+    monkeypatch.setenv("SLACK_APP_TOKEN", APP_TOKEN)
 
 
 @dataclass(frozen=True)
