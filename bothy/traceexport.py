@@ -45,6 +45,10 @@ __all__ = ["TraceExporter"]
 _FOLLOW_EVERY_S = 0.5  # how often the register is looked at for runs that finished
 _TROUBLE_WAIT_S = 30.0  # after an error of the exporter's own (its file, the register)
 _FOLLOW_MAX_BYTES = 8 << 20  # read of the register per look (a long downtime, in steps)
+# A chat run answers before its worker stops (`run finished`, then `worker stopped`): its trace
+# waits for the worker's end, so the worker span is whole; at most this long (a stop that
+# never gets recorded, a serve that died with no later one), then it goes as it is.
+_WORKER_WAIT_S = 120.0
 
 
 @dataclass
@@ -53,6 +57,7 @@ class _Queued:
     attempts: int = 0
     due_at: float = 0.0  # unix seconds
     problem: str = ""
+    awaits_worker: bool = False  # finished, its worker still stopping: due at `worker stopped`
 
 
 @dataclass
@@ -182,12 +187,24 @@ class TraceExporter:
             if isinstance(record, str) or record.seq <= seq:
                 continue
             seq = record.seq
-            if (record.kind, record.event) == ("run", "finished") and record.run_id \
-                    and record.run_id not in queued:
-                queue.runs.append(_Queued(record.run_id, due_at=self._now()))
-                queued.add(record.run_id)
+            pair, run_id = (record.kind, record.event), record.run_id
+            if pair == ("run", "finished") and run_id and run_id not in queued:
+                stopping = self._worker_stopping(run_id)
+                queue.runs.append(_Queued(
+                    run_id, due_at=self._now() + (_WORKER_WAIT_S if stopping else 0.0),
+                    awaits_worker=stopping))
+                queued.add(run_id)
+            elif pair == ("worker", "stopped") and run_id in queued:
+                for run in queue.runs:
+                    if run.run_id == run_id and run.awaits_worker:
+                        run.awaits_worker, run.due_at = False, self._now()
         queue.cursor = _Cursor(st.st_dev, st.st_ino, start + len(complete), seq)
         return True
+
+    def _worker_stopping(self, run_id: str) -> bool:
+        """Whether ``run_id``'s worker started and its `worker stopped` is not recorded yet."""
+        pairs = {(r.kind, r.event) for r in self._index.records(run_id)}
+        return ("run", "started") in pairs and ("worker", "stopped") not in pairs
 
     # -- sending ---------------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ pytestmark = pytest.mark.codex
 ANSWER = "Nothing changed in /srv/work this week."
 # A worker command whose group keeps a member that ignores SIGTERM: its stop lasts the whole
 # grace (then SIGKILL), which holds a run between its answer and its `worker stopped`.
-_DEAF_TO_TERM = ("(trap '' TERM; exec sleep 600) </dev/null >/dev/null 2>&1 &"
+DEAF_TO_TERM = ("(trap '' TERM; exec sleep 600) </dev/null >/dev/null 2>&1 &"
                  ' exec "$0" "$@"')
 
 
@@ -60,7 +60,7 @@ def _site(root: Path, server: ModelServer, slack: FakeSlack, *, stop_grace_s: fl
     chat = {"slack": {"api_url": slack.api_url, "allowed_users": [OPERATOR]}}
     return Site(root, server.base_url, listen={"tailnet_port": free_port()}, chat=chat,
                 limits={"stop_grace_s": stop_grace_s},
-                codex={"command": ["/bin/sh", "-c", _DEAF_TO_TERM, str(codex_binary()),
+                codex={"command": ["/bin/sh", "-c", DEAF_TO_TERM, str(codex_binary()),
                                    "app-server"]})
 
 

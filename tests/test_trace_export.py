@@ -16,10 +16,14 @@ import pytest
 from bothy.engine.audit import AuditLog
 from bothy.trace import trace_id
 from tests.fakes import github
+from tests.fakes.codex import codex_binary
 from tests.fakes.model_server import ModelServer, text, tool_call
 from tests.fakes.otlp import OtlpReceiver, problems
 from tests.fakes.shell import Shell, until
 from tests.fakes.site import Site
+from tests.fakes.slack import FakeSlack, slack_environment
+from tests.test_answer_crash import DEAF_TO_TERM
+from tests.test_chat_serve import CHANNEL, OPERATOR
 from tests.test_serve import (
     SECRET,
     free_port,
@@ -174,3 +178,38 @@ async def test_a_bad_otel_section_stops_serve_with_78_naming_the_key(
     done = await site.bothy("serve")
     assert done.code == 78, (done.stdout, done.stderr)
     assert named in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.codex
+async def test_a_chat_runs_trace_waits_for_its_worker_to_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A chat run answers before its worker stops (`run finished`, then `worker stopped`): with
+    a worker slow to stop (a member deaf to SIGTERM, a 2 s grace), the trace goes once the
+    worker has stopped, so its worker span ends there and says how it ended."""
+    slack_environment(monkeypatch)
+    port = free_port()
+    async with ModelServer() as server, FakeSlack(ack_timeout_s=5.0) as slack, \
+            OtlpReceiver(port=port) as receiver:
+        server.script(text("Nothing changed."))
+        site = Site(tmp_path, server.base_url, listen={"tailnet_port": free_port()},
+                    chat={"slack": {"api_url": slack.api_url, "allowed_users": [OPERATOR]}},
+                    limits={"stop_grace_s": 2.0}, otel=_otel(port),
+                    codex={"command": ["/bin/sh", "-c", DEAF_TO_TERM, str(codex_binary()),
+                                       "app-server"]})
+        async with Shell(site) as shell:
+            serving = await start_serve(shell)
+            slack.send_mention(OPERATOR, CHANNEL, "what changed this week?")
+            await until(lambda: bool(receiver.received), "the trace received")
+            assert await serving.stop() == 0
+
+    [document] = receiver.received
+    assert problems(document) == []
+    [stopped] = records(site, "worker", "stopped")
+    [worker] = [span for span in _spans(document) if span["name"] == "worker"]
+    summary = [a["value"]["stringValue"] for a in worker["attributes"]
+               if a["key"] == "bothy.summary"]
+    assert summary == [stopped.details["how"]]
+    ended = stopped.ts  # the worker span ends at `worker stopped`, not at `run finished`
+    assert int(worker["endTimeUnixNano"]) == (int(ended.timestamp()) * 10**9
+                                              + ended.microsecond * 1000)
