@@ -24,11 +24,13 @@ the same way and the row deleted (``spare recovered``; the ``DELETE`` decides wh
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from bothy.clock import Clock, to_us
 from bothy.engine.audit import AuditLog
-from bothy.engine.procgroup import GroupRecord, end_orphan_group
+from bothy.engine.procgroup import GroupRecord, OrphanOutcome, end_orphan_group
 from bothy.engine.proctable import same_process
 from bothy.engine.state import RunRow, StateDB
 
@@ -86,26 +88,16 @@ class Recovery:
             " r.owner_start FROM groups g JOIN runs r USING (run_id)"
             " WHERE g.role = 'worker' AND r.status = 'finished'"
         ):
-            if group["owner_start"] is not None and same_process(group["owner_pid"],
-                                                                 group["owner_start"]):
-                continue  # its owner is stopping it
-            record = GroupRecord(group["pgid"], group["leader_pid"], group["leader_start"])
-            outcome = await end_orphan_group(record, grace_s=self._grace_s)
-            if outcome.survivors:
-                continue  # still recorded: the next sweep tries again
-            # Recorded before the row goes, as for a spare: the DELETE decides who records it.
-            async with self._db.transaction():
-                changed = await self._db.execute(
-                    "DELETE FROM groups WHERE run_id = ? AND role = 'worker'",
-                    (group["run_id"],))
-                if changed:
-                    await self._audit.record(
-                        "worker", "stopped", "ok", subject=group["subject"],
-                        run_id=group["run_id"],
-                        details={"how": outcome.describe(), "exit_code": None,
-                                 "by": "a later bothy: the one that ran it died after the"
-                                       f" run finished (pid {group['owner_pid']})"})
-            if changed:
+            async def stopped(outcome: OrphanOutcome, group: Any = group) -> None:
+                await self._audit.record(
+                    "worker", "stopped", "ok", subject=group["subject"], run_id=group["run_id"],
+                    details={"how": outcome.describe(), "exit_code": None,
+                             "by": "a later bothy: the one that ran it died after the"
+                                   f" run finished (pid {group['owner_pid']})"})
+
+            if await self._end_orphaned(
+                    group, "DELETE FROM groups WHERE run_id = ? AND role = 'worker'",
+                    (group["run_id"],), stopped):
                 ended.append(str(group["run_id"]))
         return ended
 
@@ -114,26 +106,37 @@ class Recovery:
         pgids this sweep ended."""
         ended = []
         for spare in await self._db.fetch_all("SELECT * FROM spares"):
-            if spare["owner_start"] is not None and same_process(spare["owner_pid"],
-                                                                 spare["owner_start"]):
-                continue
-            record = GroupRecord(spare["pgid"], spare["leader_pid"], spare["leader_start"])
-            outcome = await end_orphan_group(record, grace_s=self._grace_s)
-            if outcome.survivors:
-                continue  # still recorded: the next sweep tries again
-            # Recorded before the row goes: a record refused (a broken register) keeps the row,
-            # and the next sweep tries again, rather than forgetting a spare nobody recorded.
-            async with self._db.transaction():
-                changed = await self._db.execute(
-                    "DELETE FROM spares WHERE pgid = ? AND leader_start = ?",
-                    (record.pgid, record.leader_start))
-                if changed:
-                    await self._audit.record("spare", "recovered", "ok", details={
-                        "owner_pid": spare["owner_pid"], "pgid": record.pgid,
-                        "group": outcome.describe()})
-            if changed:
-                ended.append(record.pgid)
+            async def recovered(outcome: OrphanOutcome, spare: Any = spare) -> None:
+                await self._audit.record("spare", "recovered", "ok", details={
+                    "owner_pid": spare["owner_pid"], "pgid": spare["pgid"],
+                    "group": outcome.describe()})
+
+            if await self._end_orphaned(
+                    spare, "DELETE FROM spares WHERE pgid = ? AND leader_start = ?",
+                    (spare["pgid"], spare["leader_start"]), recovered):
+                ended.append(int(spare["pgid"]))
         return ended
+
+    async def _end_orphaned(
+        self, row: Any, forget: str, keys: tuple[Any, ...],
+        say: Callable[[OrphanOutcome], Awaitable[None]],
+    ) -> bool:
+        """End the group ``row`` names (pgid, leader, owner) if its owner is gone, then forget
+        the row (``forget`` with ``keys``) and ``say`` so, in one transaction: the record is
+        written before the row goes, so a record refused (a broken register) keeps the row for
+        the next sweep rather than forgetting a group nobody recorded, and the DELETE decides
+        which sweep records it. Whether this sweep did."""
+        if row["owner_start"] is not None and same_process(row["owner_pid"], row["owner_start"]):
+            return False  # its owner lives and ends it itself
+        record = GroupRecord(row["pgid"], row["leader_pid"], row["leader_start"])
+        outcome = await end_orphan_group(record, grace_s=self._grace_s)
+        if outcome.survivors:
+            return False  # still recorded: the next sweep tries again
+        async with self._db.transaction():
+            changed = await self._db.execute(forget, keys)
+            if changed:
+                await say(outcome)
+        return bool(changed)
 
     async def _end_group(self, row: RunRow) -> str:
         """End the worker's group and every other group the run recorded (MCP servers)."""
