@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,6 +84,17 @@ async def test_status_of_an_empty_state_file_says_nothing_ran(tmp_path: Path) ->
     report = json.loads(done.stdout)
     assert report["used_usd"] == "0.0000" and report["running"] == []
     assert "Traceback" not in done.stderr
+
+
+async def test_status_with_standard_output_closed_exits_cleanly(tmp_path: Path) -> None:
+    """`bothy status >&-` (a cron line with its output closed): exit 0, nothing on stderr."""
+    site = Site(tmp_path, "http://127.0.0.1:9/v1")
+    process = await asyncio.create_subprocess_exec(
+        "/bin/sh", "-c", 'exec "$0" -m bothy status >&-', sys.executable, env=site.env(),
+        stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(60):
+        _, stderr = await process.communicate()
+    assert (process.returncode, stderr.decode()) == (0, "")
 
 
 @pytest.mark.codex
