@@ -105,6 +105,12 @@ class AuditWriter:
                 self.settle_locked()
         return records
 
+    def commit_grouped(self, entries: list[Entry]) -> list[AuditRecord]:
+        """``commit`` for a group commit's batch: a record alone settles at once, as a
+        blocking append does (a process that writes one and exits leaves nothing pending);
+        a burst leaves it to the idle hook."""
+        return self.commit(entries, settle=len(entries) == 1)
+
     def settle(self) -> None:
         """Do the durable step of every commit that left it pending (never raises for it)."""
         if not self._pending:
