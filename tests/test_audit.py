@@ -11,6 +11,8 @@ import hashlib
 import itertools
 import json
 import os
+import select
+import signal
 import stat
 import subprocess
 import sys
@@ -457,6 +459,35 @@ async def test_record_appends_from_a_coroutine(tmp_path: Path) -> None:
         "0001 2026-09-24T10:14:02.118734+00:00 question asked pending pr:42 run_x"
     )
     assert list(log.records()) == [record]
+
+
+def test_a_register_that_recorded_before_a_fork_records_in_the_child(tmp_path: Path) -> None:
+    """The commits' thread is the parent's alone: a forked child gets its own, and its
+    record joins the one chain (without one, the child's record would wait forever)."""
+    log = AuditLog(tmp_path / "audit.jsonl")
+    asyncio.run(log.record("serve", "starting", "ok"))  # the parent's commit thread runs
+
+    came_back, said = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: record, and say so on the pipe once the record came back
+        code = 1
+        try:
+            asyncio.run(log.record("serve", "stopped", "ok"))
+            os.write(said, b"y")
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(said)
+    try:
+        ready, _, _ = select.select([came_back], [], [], 20)
+        if not ready:
+            os.kill(child, signal.SIGKILL)
+        assert ready and os.read(came_back, 1) == b"y", "the child's record never came back"
+    finally:
+        os.close(came_back)
+        os.waitpid(child, 0)
+    assert [(r.seq, r.event) for r in log.records()] == [(1, "starting"), (2, "stopped")]
+    assert log.verify().ok
 
 
 def test_files_are_private(tmp_path: Path) -> None:
