@@ -101,6 +101,7 @@ class GroupCommit(Generic[T, R]):
         # (an AuditLog may outlive several asyncio.run calls, or serve two loops at once).
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Queue[T, R]] = (
             weakref.WeakKeyDictionary())
+        self._last: tuple[asyncio.AbstractEventLoop, _Queue[T, R]] | None = None
 
     def submit(self, item: T) -> asyncio.Future[R]:
         """Add ``item`` to the next commit (from the event loop); its future, answered once
@@ -124,9 +125,13 @@ class GroupCommit(Generic[T, R]):
         return outcomes
 
     def _queue(self, loop: asyncio.AbstractEventLoop) -> _Queue[T, R]:
+        last = self._last
+        if last is not None and last[0] is loop:
+            return last[1]  # the loop that submitted last (mostly the only one)
         queue = self._queues.get(loop)
         if queue is None:
             queue = self._queues[loop] = _Queue(slots=asyncio.Semaphore(self._in_flight))
+        self._last = (loop, queue)
         return queue
 
     def _arrived(self, queue: _Queue[T, R], loop: asyncio.AbstractEventLoop) -> None:

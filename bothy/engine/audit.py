@@ -30,6 +30,7 @@ and every verdict after a repair says where it was repaired.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -93,9 +94,12 @@ class AuditLog:
     ) -> None:
         self.path = path
         self._events = events
+        # The five names of records already checked (against this log's table too), each
+        # set with its JSON form: a run's records come back with the same ones.
+        self._names: dict[tuple[str, str, str, str | None, str | None], str] = {}
         self._lock_path = path.with_name(path.name + ".lock")
         self.checkpoint_path = path.with_name(path.name + ".checkpoint")
-        self._clock = clock or _utc_now
+        self._clock = clock or _UTC_NOW
         self.index = RunIndex(path)  # by run id, kept at one hook after each durable write
         self._writer = AuditWriter(path, clock=self._clock, index=self.index)
         self._group: GroupCommit[Entry, AuditRecord] = GroupCommit(
@@ -174,12 +178,18 @@ class AuditLog:
         details: Mapping[str, Any] | None,
     ) -> Entry:
         """The caller's half of an append: every check that does not need the file."""
-        names = names_json(
-            _check_token("kind", kind), _check_token("event", event),
-            _check_token("outcome", outcome),
-            None if subject is None else _check_token("subject", subject),
-            None if run_id is None else _check_token("run_id", run_id))
-        self._events.check(kind, event)
+        key = (kind, event, outcome, subject, run_id)
+        names = self._names.get(key)
+        if names is None:  # names not seen together before: check each, and the pair
+            names = names_json(
+                _check_token("kind", kind), _check_token("event", event),
+                _check_token("outcome", outcome),
+                None if subject is None else _check_token("subject", subject),
+                None if run_id is None else _check_token("run_id", run_id))
+            self._events.check(kind, event)
+            if len(self._names) >= _WELL_FORMED_MAX:
+                self._names.clear()
+            self._names[key] = names
         copied, text = _canonical_details(details)
         return Entry(kind, event, outcome, subject, run_id, copied, text, names)
 
@@ -360,5 +370,4 @@ def _canonical_details(details: Mapping[str, Any] | None) -> tuple[dict[str, Any
     return copied, text
 
 
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
+_UTC_NOW: Callable[[], datetime] = functools.partial(datetime.now, UTC)  # (no Python frame)

@@ -45,7 +45,6 @@ from bothy.engine.auditrecord import (
     format_ts,
     new_record,
     serialise_chained,
-    with_hash,
 )
 from bothy.engine.auditsegments import lines_from, verify_file
 from bothy.errors import AuditIntegrityError, StateError
@@ -53,6 +52,8 @@ from bothy.fsync import fsync
 
 __all__ = ["AuditWriter", "Entry"]
 
+_HASH_PREFIX = b',"hash":"'  # a line is its body with this, the digest and _LINE_END
+_LINE_END = b'"}\n'
 _DURABLE_EVERY_RECORDS = 1024  # at most this far behind under load (a few hundred KB)
 
 
@@ -183,27 +184,35 @@ class AuditWriter:
     def _chained(
         self, entries: list[Entry], tail: Tail
     ) -> tuple[list[AuditRecord], list[bytes]]:
-        """Seq and hash for each entry, in order: each record links to the one before it."""
+        """Seq and hash for each entry, in order: each record links to the one before it.
+
+        Run for every record under the writers' lock: the lookups are hoisted and the steps
+        spelled out (the bytes are :func:`serialise_chained`'s and :func:`with_hash`'s)."""
         records: list[AuditRecord] = []
         lines: list[bytes] = []
         seq, prev = tail.seq, tail.hash
+        clock, utc, add_record, add_line = self._clock, UTC, records.append, lines.append
         for entry in entries:
             seq += 1
-            ts = self.now()
-            body = serialise_chained(seq, format_ts(ts), entry.names_json, entry.details_json,
-                                     prev)
+            ts = clock()
+            if ts.tzinfo is not utc:
+                ts = self._in_utc(ts)
+            body = serialise_chained(seq, ts.isoformat() if ts.microsecond else format_ts(ts),
+                                     entry.names_json, entry.details_json, prev)
             digest = sha256(body).hexdigest()
-            lines.append(with_hash(body, digest) + b"\n")
-            records.append(new_record(seq, ts, entry.kind, entry.event, entry.outcome,
-                                      entry.subject, entry.run_id, entry.details, prev, digest))
+            add_line(body[:-1] + _HASH_PREFIX + digest.encode("ascii") + _LINE_END)
+            add_record(new_record(seq, ts, entry.kind, entry.event, entry.outcome,
+                                  entry.subject, entry.run_id, entry.details, prev, digest))
             prev = digest
         return records, lines
 
     def now(self) -> datetime:
         """The clock's time in UTC (a naive one is a programming error)."""
         ts = self._clock()
-        if ts.tzinfo is UTC:
-            return ts
+        return ts if ts.tzinfo is UTC else self._in_utc(ts)
+
+    @staticmethod
+    def _in_utc(ts: datetime) -> datetime:
         if ts.tzinfo is None or ts.utcoffset() is None:
             raise ValueError(f"The audit clock returned a naive datetime: {ts!r}")
         return ts.astimezone(UTC)
