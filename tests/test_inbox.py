@@ -542,3 +542,33 @@ async def test_a_batch_whose_fsync_fails_is_refused_whole_and_the_next_starts_a_
     rows = await _rows(db)
     assert {r.file for r in rows if r.key != "before:h"} == {"wakes-000002.seg"}
     assert await inbox.recover() == []  # what failed was cut back: nothing comes back
+
+
+async def test_a_delivery_no_job_wants_whose_segment_fsync_fails_is_recorded_once_when_retried(
+    tmp_path: Path, db: StateDB, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`wake ignored` is recorded while the segment is fsynced: when that fsync fails, the
+    sender hears InboxError (503) though the record may be in; its retry, in the same process
+    or after a restart that reads the register, gets its row, closed ignored, and no second
+    record."""
+    inbox = Inbox(tmp_path / "inbox", db, clock=_Clock(), audit=_audit(tmp_path))
+    trigger = tmp_path / "fsync-fails"
+    trigger.write_text(str(inbox.root))
+    monkeypatch.setenv("BOTHY_FAULT_FSYNC", str(trigger))
+    for key in ("same-process:h", "after-restart:h"):
+        with pytest.raises(InboxError, match="Input/output error"):
+            await inbox.accept(_delivery(key), ignored="no job matches")
+    trigger.unlink()
+
+    again = await inbox.accept(_delivery("same-process:h"), ignored="no job matches")
+    restarted = Inbox(tmp_path / "inbox", db, clock=_Clock(), audit=_audit(tmp_path))
+    history = RunHistory.from_register(_audit(tmp_path))
+    await restarted.recover(history.ran_as, history.ignored)
+    after = await restarted.accept(_delivery("after-restart:h"), ignored="no job matches")
+
+    assert isinstance(again, Accepted) and again.ignored == "no job matches"
+    assert isinstance(after, Accepted) and after.ignored == "no job matches"
+    assert {r.key: r.status for r in await _rows(db)} == {"same-process:h": "ignored",
+                                                           "after-restart:h": "ignored"}
+    assert sorted(r.details["delivery"] for r in _audit(tmp_path).records()) == [
+        "after-restart:h", "same-process:h"]
