@@ -169,6 +169,23 @@ async def test_load_gives_back_the_body_byte_for_byte(inbox: Inbox, db: StateDB,
     assert loaded == sent
 
 
+@pytest.mark.parametrize("value", ["plain", "café ☕ \u2028 line\nbreak", "bytes \udcff kept"],
+                         ids=["ascii", "unicode", "undecodable"])
+async def test_load_gives_back_each_header_as_received(inbox: Inbox, db: StateDB,
+                                                       value: str) -> None:
+    """A header's value comes back as the listener read it: non-ASCII text, and the lone
+    surrogate aiohttp makes of a byte that is not UTF-8."""
+    sent = Delivery(route="github", key="guid-1:hook-1", event="push", action=None,
+                    headers={"x-github-event": "push", "x-odd": value}, body=b"{}",
+                    received_at=T0)
+    await inbox.accept(sent)
+    [row] = await _rows(db)
+
+    loaded = await inbox.load(row)
+
+    assert loaded == sent
+
+
 async def test_load_of_a_damaged_payload_raises_inbox_error(inbox: Inbox, db: StateDB) -> None:
     """A payload file that is not what accept wrote is reported, not half-read."""
     await inbox.accept(_delivery())
