@@ -589,3 +589,26 @@ async def test_a_delivery_no_job_wants_whose_segment_fsync_fails_is_recorded_onc
                                                            "after-restart:h": "ignored"}
     assert sorted(r.details["delivery"] for r in _audit(tmp_path).records()) == [
         "after-restart:h", "same-process:h"]
+
+
+async def test_a_delivery_no_job_wants_sent_again_while_its_first_copy_commits_is_recorded_once(
+    tmp_path: Path, inbox: Inbox, db: StateDB
+) -> None:
+    """Every unwanted delivery is sent by two of sixteen senders at about the same time (a
+    retry racing its first attempt): however the copies fall into the group commit's
+    batches, each delivery has one row, closed ignored, and one `wake ignored`."""
+    deliveries, senders = 160, 16
+
+    async def sender(me: int) -> list[Accepted | Duplicate]:
+        mine = [n for n in range(deliveries) if me in (n % senders, (n + 1) % senders)]
+        return [await inbox.accept(_delivery(f"guid-{n}:h"), ignored="no job matches")
+                for n in mine]
+
+    sent = await asyncio.gather(*(sender(me) for me in range(senders)))
+
+    outcomes = [o for per_sender in sent for o in per_sender]
+    assert sum(isinstance(o, Accepted) for o in outcomes) == deliveries
+    rows = await _rows(db)
+    assert (len(rows), {r.status for r in rows}) == (deliveries, {"ignored"})
+    recorded = sorted(r.details["delivery"] for r in _audit(tmp_path).records())
+    assert recorded == sorted(f"guid-{n}:h" for n in range(deliveries))

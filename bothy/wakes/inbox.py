@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,16 +154,20 @@ class Inbox:
         self._group: GroupCommit[_Taken, Accepted | Duplicate] = GroupCommit(
             self._commit, max_batch=_ROWS_PER_COMMIT, name="inbox-commit",
             linger_s=_LINGER_S, in_flight=_IN_FLIGHT)
-        # Two steps of a commit are taken in batch order, each batch queueing for both as it
-        # starts: segment appends, then the rows (after the batch's own append and records),
-        # so the rows still cover a prefix of the segment. The register's records are not
-        # turns: the register orders them, and one batch's may go beside another's.
+        # Three steps of a commit are taken in batch order, each batch queueing for all as it
+        # starts: segment appends; the register's records (beside the append); the rows
+        # (after the batch's own append and records), so the rows still cover a prefix of the
+        # segment, and a batch decides what to record once the one before has recorded.
         self._appends = _Turns()
+        self._records = _Turns()
         self._inserts = _Turns()
         # Deliveries whose `wake ignored` is in the register but which have no row (their
         # batch failed after the record, and was answered 503), and what the register showed
         # ignored at start-up: the sender's retry gets its row, not a second record.
         self._recorded: set[tuple[str, str, str]] = set()
+        # What the last batches' rows took out of _recorded: a batch in flight beside them may
+        # have looked for known deliveries before those rows were in.
+        self._inserted: deque[set[tuple[str, str, str]]] = deque(maxlen=_IN_FLIGHT)
         self._ignored_before: Callable[[str, str], bool] = _never
 
     # -- intake ----------------------------------------------------------------------------
@@ -202,7 +207,8 @@ class Inbox:
         shows.
         """
         # Up to _IN_FLIGHT commits are under way; each takes its turns in the order it started.
-        appending, inserting = self._appends.queue(), self._inserts.queue()
+        appending, recording, inserting = (
+            self._appends.queue(), self._records.queue(), self._inserts.queue())
         try:
             first: dict[tuple[str, str, str], _Taken] = {}
             for taken in batch:
@@ -210,7 +216,7 @@ class Inbox:
             lines = [encode_payload_file(t.delivery) + b"\n" for t in first.values()]
             if any(t.ignored is not None for t in first.values()):
                 appended, looked_up = await asyncio.gather(
-                    self._append(appending, lines), self._known_then_record(first),
+                    self._append(appending, lines), self._known_then_record(recording, first),
                     return_exceptions=True)  # both done before the batch goes on or fails
                 for outcome in (appended, looked_up):
                     if isinstance(outcome, BaseException):
@@ -219,17 +225,21 @@ class Inbox:
                 assert not isinstance(looked_up, BaseException)
                 spans, known = appended, looked_up
             else:  # the INSERT finds the known ones (ON CONFLICT), and they are looked up then
+                recording.release()
                 spans, known = await self._append(appending, lines), {}
             fresh = [(taken, span) for (ident, taken), span
                      in zip(first.items(), spans, strict=True) if ident not in known]
             async with inserting:
                 ids = await self._insert(fresh) if fresh else {}
-                self._recorded.difference_update(_ident(t.delivery) for t, _ in fresh)
+                inserted = {_ident(t.delivery) for t, _ in fresh}
+                self._recorded -= inserted
+                self._inserted.append(inserted)
                 raced = [t.delivery for t, _ in fresh if _ident(t.delivery) not in ids]
                 if raced:  # another connection's row came first: that one counts
                     known |= await self._known(raced)
         finally:  # a failed batch lets the next ones take their turns
             appending.release()
+            recording.release()
             inserting.release()
         outcomes: list[Accepted | Duplicate] = []
         for taken in batch:
@@ -246,13 +256,19 @@ class Inbox:
             return await asyncio.to_thread(self._segments.append, lines)
 
     async def _known_then_record(
-        self, first: dict[tuple[str, str, str], _Taken]
+        self, turn: _Turn, first: dict[tuple[str, str, str], _Taken]
     ) -> dict[tuple[str, str, str], int]:
-        """Which of the batch are known, then ``wake ignored`` for the rest no job wants (a
-        known one must not be recorded again); return the known ones' wake ids."""
+        """Which of the batch are known, then, in its turn, ``wake ignored`` for the rest no
+        job wants (a known one must not be recorded again); return the known ones' wake ids.
+
+        The turn: a copy of one of them in the batch before is recorded (or has failed to
+        be) before this batch decides; and one whose row that batch has just inserted, after
+        this batch looked, is still found (``_inserted``).
+        """
         known = await self._known([t.delivery for t in first.values()])
-        await self._record_ignored([t for ident, t in first.items()
-                                    if t.ignored is not None and ident not in known])
+        async with turn:
+            await self._record_ignored([t for ident, t in first.items()
+                                        if t.ignored is not None and ident not in known])
         return known
 
     async def _known(self, deliveries: list[Delivery]) -> dict[tuple[str, str, str], int]:
@@ -274,6 +290,7 @@ class Inbox:
         register already holds (an earlier attempt failed after it, or before its line was
         durable: it was answered 503, or not at all) is not recorded again."""
         todo = [t for t in ignored if _ident(t.delivery) not in self._recorded
+                and not any(_ident(t.delivery) in rows for rows in self._inserted)
                 and not self._ignored_before(t.delivery.route, t.delivery.key)]
         if not todo:
             return
@@ -459,7 +476,9 @@ class Inbox:
         Intake waits meanwhile (milliseconds, once an hour from ``bothy serve``): a segment is
         judged by its rows only once every batch appended to it has its rows.
         """
-        appending, inserting = self._appends.queue(), self._inserts.queue()
+        appending, recording, inserting = (
+            self._appends.queue(), self._records.queue(), self._inserts.queue())
+        recording.release()  # (records go on: the rows are what a prune waits for)
         try:
             async with appending:  # no batch appends while the segments are judged ...
                 async with inserting:  # ... and every earlier one has its rows
