@@ -169,6 +169,23 @@ async def test_load_gives_back_the_body_byte_for_byte(inbox: Inbox, db: StateDB,
     assert loaded == sent
 
 
+@pytest.mark.parametrize("value", ["plain", "café ☕ \u2028 line\nbreak", "bytes \udcff kept"],
+                         ids=["ascii", "unicode", "undecodable"])
+async def test_load_gives_back_each_header_as_received(inbox: Inbox, db: StateDB,
+                                                       value: str) -> None:
+    """A header's value comes back as the listener read it: non-ASCII text, and the lone
+    surrogate aiohttp makes of a byte that is not UTF-8."""
+    sent = Delivery(route="github", key="guid-1:hook-1", event="push", action=None,
+                    headers={"x-github-event": "push", "x-odd": value}, body=b"{}",
+                    received_at=T0)
+    await inbox.accept(sent)
+    [row] = await _rows(db)
+
+    loaded = await inbox.load(row)
+
+    assert loaded == sent
+
+
 async def test_load_of_a_damaged_payload_raises_inbox_error(inbox: Inbox, db: StateDB) -> None:
     """A payload file that is not what accept wrote is reported, not half-read."""
     await inbox.accept(_delivery())
@@ -542,3 +559,56 @@ async def test_a_batch_whose_fsync_fails_is_refused_whole_and_the_next_starts_a_
     rows = await _rows(db)
     assert {r.file for r in rows if r.key != "before:h"} == {"wakes-000002.seg"}
     assert await inbox.recover() == []  # what failed was cut back: nothing comes back
+
+
+async def test_a_delivery_no_job_wants_whose_segment_fsync_fails_is_recorded_once_when_retried(
+    tmp_path: Path, db: StateDB, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`wake ignored` is recorded while the segment is fsynced: when that fsync fails, the
+    sender hears InboxError (503) though the record may be in; its retry, in the same process
+    or after a restart that reads the register, gets its row, closed ignored, and no second
+    record."""
+    inbox = Inbox(tmp_path / "inbox", db, clock=_Clock(), audit=_audit(tmp_path))
+    trigger = tmp_path / "fsync-fails"
+    trigger.write_text(str(inbox.root))
+    monkeypatch.setenv("BOTHY_FAULT_FSYNC", str(trigger))
+    for key in ("same-process:h", "after-restart:h"):
+        with pytest.raises(InboxError, match="Input/output error"):
+            await inbox.accept(_delivery(key), ignored="no job matches")
+    trigger.unlink()
+
+    again = await inbox.accept(_delivery("same-process:h"), ignored="no job matches")
+    restarted = Inbox(tmp_path / "inbox", db, clock=_Clock(), audit=_audit(tmp_path))
+    history = RunHistory.from_register(_audit(tmp_path))
+    await restarted.recover(history.ran_as, history.ignored)
+    after = await restarted.accept(_delivery("after-restart:h"), ignored="no job matches")
+
+    assert isinstance(again, Accepted) and again.ignored == "no job matches"
+    assert isinstance(after, Accepted) and after.ignored == "no job matches"
+    assert {r.key: r.status for r in await _rows(db)} == {"same-process:h": "ignored",
+                                                           "after-restart:h": "ignored"}
+    assert sorted(r.details["delivery"] for r in _audit(tmp_path).records()) == [
+        "after-restart:h", "same-process:h"]
+
+
+async def test_a_delivery_no_job_wants_sent_again_while_its_first_copy_commits_is_recorded_once(
+    tmp_path: Path, inbox: Inbox, db: StateDB
+) -> None:
+    """Every unwanted delivery is sent by two of sixteen senders at about the same time (a
+    retry racing its first attempt): however the copies fall into the group commit's
+    batches, each delivery has one row, closed ignored, and one `wake ignored`."""
+    deliveries, senders = 160, 16
+
+    async def sender(me: int) -> list[Accepted | Duplicate]:
+        mine = [n for n in range(deliveries) if me in (n % senders, (n + 1) % senders)]
+        return [await inbox.accept(_delivery(f"guid-{n}:h"), ignored="no job matches")
+                for n in mine]
+
+    sent = await asyncio.gather(*(sender(me) for me in range(senders)))
+
+    outcomes = [o for per_sender in sent for o in per_sender]
+    assert sum(isinstance(o, Accepted) for o in outcomes) == deliveries
+    rows = await _rows(db)
+    assert (len(rows), {r.status for r in rows}) == (deliveries, {"ignored"})
+    recorded = sorted(r.details["delivery"] for r in _audit(tmp_path).records())
+    assert recorded == sorted(f"guid-{n}:h" for n in range(deliveries))

@@ -24,6 +24,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from bothy.clock import from_us, to_us
 from bothy.fsync import fsync_directory
 
@@ -79,12 +81,13 @@ def payload_name(route: str, key: str, source: str = WEBHOOK) -> str:
 
 
 def encode_payload_file(delivery: Delivery) -> bytes:
-    """The payload file: JSON with the body as text if it is UTF-8, else base64."""
+    """The payload file: one line of JSON (UTF-8) with the body as text if it is UTF-8, else
+    base64."""
     try:
         body, encoding = delivery.body.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
         body, encoding = base64.b64encode(delivery.body).decode("ascii"), "base64"
-    document = {
+    document: dict[str, Any] = {
         "version": _FORMAT_VERSION,
         "source": delivery.source,
         "route": delivery.route,
@@ -96,7 +99,14 @@ def encode_payload_file(delivery: Delivery) -> bytes:
         "body_encoding": encoding,
         "body": body,
     }
-    return json.dumps(document, separators=(",", ":")).encode("ascii")
+    # orjson writes the same JSON (compact, one line: a newline in a string is escaped) in a
+    # fifth of the time json.dumps takes, and intake writes one per delivery; json.loads
+    # reads it back to the same values. Only json.dumps writes a header holding a lone
+    # surrogate (aiohttp keeps undecodable header bytes so), as an escape.
+    try:
+        return orjson.dumps(document)
+    except TypeError:
+        return json.dumps(document, separators=(",", ":")).encode("ascii")
 
 
 def decode_payload_file(data: bytes) -> Delivery:

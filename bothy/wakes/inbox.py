@@ -12,7 +12,8 @@ after the last step (contracts.md §7):
 2. append the payloads to the segment in one write and fsync it (and the directory, for a
    new segment);
 3. for a delivery no job wants (the listener says so: ``accept(..., ignored=reason)``),
-   record ``wake ignored`` in the register;
+   record ``wake ignored`` in the register, while step 2 goes on (its fsync beside the
+   segment's; the row waits for both);
 4. insert the rows in one statement (its own transaction; WAL with synchronous=FULL, so the
    commit is fsynced): ``queued``, or already closed ``ignored`` with the reason.
 
@@ -42,12 +43,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from bothy.clock import Clock, from_us, to_us
-from bothy.engine.audit import AuditLog
+from bothy.engine.audit import AuditLog, NewRecord
 from bothy.engine.state import StateDB
 from bothy.errors import BothyError, InboxError
 from bothy.groupcommit import GroupCommit
@@ -152,16 +154,20 @@ class Inbox:
         self._group: GroupCommit[_Taken, Accepted | Duplicate] = GroupCommit(
             self._commit, max_batch=_ROWS_PER_COMMIT, name="inbox-commit",
             linger_s=_LINGER_S, in_flight=_IN_FLIGHT)
-        # Each step of a commit is a turn, taken in batch order (asyncio.Lock is FIFO, and
-        # each turn is taken before the last one is let go): segment appends, the register's
-        # records, then the rows, so the rows still cover a prefix of the segment.
-        self._appending = asyncio.Lock()
-        self._recording = asyncio.Lock()
-        self._inserting = asyncio.Lock()
+        # Three steps of a commit are taken in batch order, each batch queueing for all as it
+        # starts: segment appends; the register's records (beside the append); the rows
+        # (after the batch's own append and records), so the rows still cover a prefix of the
+        # segment, and a batch decides what to record once the one before has recorded.
+        self._appends = _Turns()
+        self._records = _Turns()
+        self._inserts = _Turns()
         # Deliveries whose `wake ignored` is in the register but which have no row (their
         # batch failed after the record, and was answered 503), and what the register showed
         # ignored at start-up: the sender's retry gets its row, not a second record.
         self._recorded: set[tuple[str, str, str]] = set()
+        # What the last batches' rows took out of _recorded: a batch in flight beside them may
+        # have looked for known deliveries before those rows were in.
+        self._inserted: deque[set[tuple[str, str, str]]] = deque(maxlen=_IN_FLIGHT)
         self._ignored_before: Callable[[str, str], bool] = _never
 
     # -- intake ----------------------------------------------------------------------------
@@ -193,43 +199,48 @@ class Inbox:
 
         Known deliveries are found by the INSERT itself (ON CONFLICT: no row), and only then
         looked up for their wake id; in a batch holding deliveries no job wants, they are
-        looked up beside the segment's write and fsync (one wait, not two), before the
-        register's records. A known delivery's line is written for nothing: it gets no row,
-        and recovery, meeting it past a segment's rows, gives it none (its row is there) or
-        closes it by what the register shows.
+        looked up first, and what is left of those is recorded while the segment's write and
+        fsync go on (two fsyncs at once, not one after the other): a record before its line
+        is durable is one the sender's retry finds (see ``_record_ignored``). A known
+        delivery's line is written for nothing: it gets no row, and recovery, meeting it past
+        a segment's rows, gives it none (its row is there) or closes it by what the register
+        shows.
         """
-        first: dict[tuple[str, str, str], _Taken] = {}
-        for taken in batch:
-            first.setdefault(_ident(taken.delivery), taken)
-        lines = [encode_payload_file(t.delivery) + b"\n" for t in first.values()]
-        known: dict[tuple[str, str, str], int] = {}
-        # Up to _IN_FLIGHT commits are under way, one in each step (see __init__).
-        async with self._appending:
-            appending = asyncio.to_thread(self._segments.append, lines)
+        # Up to _IN_FLIGHT commits are under way; each takes its turns in the order it started.
+        appending, recording, inserting = (
+            self._appends.queue(), self._records.queue(), self._inserts.queue())
+        try:
+            first: dict[tuple[str, str, str], _Taken] = {}
+            for taken in batch:
+                first.setdefault(_ident(taken.delivery), taken)
+            lines = [encode_payload_file(t.delivery) + b"\n" for t in first.values()]
             if any(t.ignored is not None for t in first.values()):
-                # What no job wants is recorded before its row: a known one must not be again.
-                known, spans = await asyncio.gather(
-                    self._known([t.delivery for t in first.values()]), appending)
+                appended, looked_up = await asyncio.gather(
+                    self._append(appending, lines), self._known_then_record(recording, first),
+                    return_exceptions=True)  # both done before the batch goes on or fails
+                for outcome in (appended, looked_up):
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+                assert not isinstance(appended, BaseException)  # (for mypy: raised above)
+                assert not isinstance(looked_up, BaseException)
+                spans, known = appended, looked_up
             else:  # the INSERT finds the known ones (ON CONFLICT), and they are looked up then
-                spans = await appending
-            await self._recording.acquire()  # this batch's turn, before the next one's
-        fresh = [(taken, span) for (ident, taken), span
-                 in zip(first.items(), spans, strict=True) if ident not in known]
-        try:
-            await self._record_ignored([t for t, _ in fresh if t.ignored is not None])
-            await self._inserting.acquire()
-        finally:
-            self._recording.release()
-        ids: dict[tuple[str, str, str], int] = {}
-        try:
-            if fresh:
-                ids = await self._insert(fresh)
-                self._recorded.difference_update(_ident(t.delivery) for t, _ in fresh)
+                recording.release()
+                spans, known = await self._append(appending, lines), {}
+            fresh = [(taken, span) for (ident, taken), span
+                     in zip(first.items(), spans, strict=True) if ident not in known]
+            async with inserting:
+                ids = await self._insert(fresh) if fresh else {}
+                inserted = {_ident(t.delivery) for t, _ in fresh}
+                self._recorded -= inserted
+                self._inserted.append(inserted)
                 raced = [t.delivery for t, _ in fresh if _ident(t.delivery) not in ids]
                 if raced:  # another connection's row came first: that one counts
                     known |= await self._known(raced)
-        finally:
-            self._inserting.release()
+        finally:  # a failed batch lets the next ones take their turns
+            appending.release()
+            recording.release()
+            inserting.release()
         outcomes: list[Accepted | Duplicate] = []
         for taken in batch:
             ident = _ident(taken.delivery)
@@ -238,6 +249,27 @@ class Inbox:
             else:
                 outcomes.append(Duplicate(known.get(ident, ids.get(ident))))
         return outcomes
+
+    async def _append(self, turn: _Turn, lines: list[bytes]) -> list[Span]:
+        """The batch's lines, written and fsynced in its turn."""
+        async with turn:
+            return await asyncio.to_thread(self._segments.append, lines)
+
+    async def _known_then_record(
+        self, turn: _Turn, first: dict[tuple[str, str, str], _Taken]
+    ) -> dict[tuple[str, str, str], int]:
+        """Which of the batch are known, then, in its turn, ``wake ignored`` for the rest no
+        job wants (a known one must not be recorded again); return the known ones' wake ids.
+
+        The turn: a copy of one of them in the batch before is recorded (or has failed to
+        be) before this batch decides; and one whose row that batch has just inserted, after
+        this batch looked, is still found (``_inserted``).
+        """
+        known = await self._known([t.delivery for t in first.values()])
+        async with turn:
+            await self._record_ignored([t for ident, t in first.items()
+                                        if t.ignored is not None and ident not in known])
+        return known
 
     async def _known(self, deliveries: list[Delivery]) -> dict[tuple[str, str, str], int]:
         """The wake id of each delivery that already has a row."""
@@ -255,20 +287,22 @@ class Inbox:
     async def _record_ignored(self, ignored: list[_Taken]) -> None:
         """``wake ignored`` for each delivery no job wants, before its row says so: a crash
         between leaves the record, and recovery closes the wake by it (never twice). One the
-        register already holds (an earlier attempt failed after it) is not recorded again."""
+        register already holds (an earlier attempt failed after it, or before its line was
+        durable: it was answered 503, or not at all) is not recorded again."""
         todo = [t for t in ignored if _ident(t.delivery) not in self._recorded
+                and not any(_ident(t.delivery) in rows for rows in self._inserted)
                 and not self._ignored_before(t.delivery.route, t.delivery.key)]
         if not todo:
             return
-        written = await asyncio.gather(
-            *(self._audit.record("wake", "ignored", "refused", subject=t.delivery.route,
-                                 details={**delivery_details(t.delivery), "reason": t.ignored})
-              for t in todo),
-            return_exceptions=True)
+        # One submission of the batch's records (no task for each: a commit of theirs).
+        written = await self._audit.record_all([
+            NewRecord("wake", "ignored", "refused", subject=t.delivery.route,
+                      details={**delivery_details(t.delivery), "reason": t.ignored})
+            for t in todo])
         self._recorded.update(_ident(t.delivery) for t, outcome in zip(todo, written, strict=True)
-                              if not isinstance(outcome, BaseException))
+                              if not isinstance(outcome, Exception))
         for outcome in written:
-            if isinstance(outcome, BaseException):
+            if isinstance(outcome, Exception):
                 raise outcome
 
     async def _insert(
@@ -442,10 +476,17 @@ class Inbox:
         Intake waits meanwhile (milliseconds, once an hour from ``bothy serve``): a segment is
         judged by its rows only once every batch appended to it has its rows.
         """
-        async with self._appending:  # no batch appends while the segments are judged ...
-            async with self._recording, self._inserting:  # ... and every earlier one is in
-                pass
-            pruned = await self._retention.prune(older_than_us)
+        appending, recording, inserting = (
+            self._appends.queue(), self._records.queue(), self._inserts.queue())
+        recording.release()  # (records go on: the rows are what a prune waits for)
+        try:
+            async with appending:  # no batch appends while the segments are judged ...
+                async with inserting:  # ... and every earlier one has its rows
+                    pass
+                pruned = await self._retention.prune(older_than_us)
+        finally:
+            appending.release()
+            inserting.release()
         if pruned.wakes or pruned.segments:
             await self._audit.record("wake", "pruned", "ok", details={
                 "wakes": pruned.wakes, "segments": pruned.segments,
@@ -456,6 +497,49 @@ class Inbox:
         """Prune what finished more than ``keep_s`` ago now, then every hour, until ``stop``
         (``bothy serve``); a failure is logged and tried again at the next hour."""
         await self._retention.keep_pruned(self.prune, keep_s, stop)
+
+
+class _Turns:
+    """One step of the commit, taken one batch at a time in the order the batches queued for
+    it (each queues, without waiting, as it starts): a turn's ``done`` is set once its batch
+    and every one before it have let the step go."""
+
+    def __init__(self) -> None:
+        self._last: asyncio.Future[None] | None = None
+
+    def queue(self) -> _Turn:
+        turn = _Turn(self._last, asyncio.get_running_loop().create_future())
+        self._last = turn.done
+        return turn
+
+
+class _Turn:
+    """A batch's place in one step: ``async with`` waits for the batches before it, and lets
+    the step go on leaving; ``release`` lets it go without taking it (a batch that failed
+    first). Letting go twice is once."""
+
+    def __init__(self, before: asyncio.Future[None] | None, done: asyncio.Future[None]) -> None:
+        self._before = before
+        self.done = done
+
+    async def __aenter__(self) -> None:
+        if self._before is not None and not self._before.done():
+            await asyncio.shield(self._before)  # a cancelled waiter leaves it to the next
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        if self.done.done():
+            return
+        if self._before is None or self._before.done():
+            self.done.set_result(None)
+        else:  # never ahead of the batches before it
+            self._before.add_done_callback(self._after)
+
+    def _after(self, before: asyncio.Future[None]) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
 
 
 def _ident(delivery: Delivery) -> tuple[str, str, str]:
