@@ -214,7 +214,7 @@ async def test_status_tells_a_running_serve_from_a_killed_one_whose_pid_was_take
     assert taken == f"not running (pid {other.pid} is gone: it did not stop cleanly)"
 
 
-async def test_status_during_a_repair_does_not_take_the_repairs_lock_for_a_serve(
+async def test_status_during_a_repair_still_says_a_killed_serve_is_gone(
     tmp_path: Path,
 ) -> None:
     """While a register repair holds the serve lock that a killed serve left its pid in, and
