@@ -3,9 +3,9 @@
 Three sites: one with the config's default budget zone (UTC), as a site that never set one
 meets it; one in Europe/Paris, whose status also loads the zone from the system's tz
 database (zoneinfo); and one with a real `bothy serve` running, as a site with the service
-installed meets it (status then asks the process table whether the published daemon is
-still the one that wrote its state, through psutil). All three figures are printed, so the
-first is not the only one seen.
+installed meets it (status then asks the serve's lock, bothy/servelock.py, whether the
+published daemon still runs; the process table, through psutil, only where the lock cannot
+tell). All three figures are printed, so the first is not the only one seen.
 Where valgrind is installed, also the instructions each executes (callgrind), which the load
 of a shared machine does not move: wall times here swing twofold from one minute to the next.
 """

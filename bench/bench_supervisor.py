@@ -165,14 +165,30 @@ async def _instructions(site: Any, server: Any, env: dict[str, str]) -> dict[str
                                 timeout_s=300)
     finally:
         site.launch_prefix = []
-    bare = await asyncio.create_subprocess_exec(*counting, sys.executable, "-c", "pass", env=env,
-                                                stderr=asyncio.subprocess.PIPE)
-    _, bare_err = await bare.communicate()
-    found = [re.search(r"Collected : (\d+)", text) for text in (done.stderr, bare_err.decode())]
+    counted = [done.stderr]
+    for code in ("pass", *_IMPORTED_ALONE.values()):
+        alone = await asyncio.create_subprocess_exec(*counting, sys.executable, "-c", code,
+                                                     env=env, stderr=asyncio.subprocess.PIPE)
+        _, err = await alone.communicate()
+        counted.append(err.decode())
+    found = [re.search(r"Collected : (\d+)", text) for text in counted]
     if done.code != 0 or not all(found):
         return {}
-    run, interpreter = (int(match.group(1)) / 1e6 for match in found if match)
-    return {"run": run, "bare": interpreter}
+    run, interpreter, *layers = (int(match.group(1)) / 1e6 for match in found if match)
+    return {"run": run, "bare": interpreter, **dict(zip(_IMPORTED_ALONE, layers, strict=True))}
+
+
+# What a run imports, layer on layer, each counted in an interpreter of its own as the CLI
+# starts a command (the collector off, pydantic's plugins off): the event loop, then the
+# validated config (what codex could be spawned after at the earliest), then the engine.
+_AS_THE_CLI = ("import gc, os; gc.disable();"
+               " os.environ.setdefault('PYDANTIC_DISABLE_PLUGINS', '__all__'); ")
+_IMPORTED_ALONE = {
+    "asyncio": _AS_THE_CLI + "import asyncio",
+    "config": _AS_THE_CLI + "import asyncio, bothy.config",
+    "engine": _AS_THE_CLI + "import asyncio, bothy.config, bothy.runtime,"
+              " bothy.commands.foreground, bothy.progress, bothy.waits",
+}
 
 
 async def _measure(root: Path) -> dict[str, list[float]]:
@@ -235,6 +251,11 @@ def main() -> None:
         run, bare = figures["instructions_run"][0], figures["instructions_bare"][0]
         print(f"   instructions (callgrind) of one whole bothy run, its own process (codex not"
               f" counted): {run:,.0f} M; a bare interpreter {bare:,.0f} M ({run / bare:.1f}×)")
+        asyncio_ir, config_ir, engine_ir = (figures[f"instructions_{name}"][0]
+                                            for name in _IMPORTED_ALONE)
+        print(f"   what it imports, counted alone in interpreters of their own (each with the"
+              f" one before): asyncio {asyncio_ir:,.0f} M, with pydantic and the config's models"
+              f" {config_ir:,.0f} M, with the engine and the CLI's run path {engine_ir:,.0f} M")
     imports = {name.removeprefix("imports_"): values[0] for name, values in figures.items()
                if name.startswith("imports_")}
     interpreter = imports.pop("the interpreter's own")

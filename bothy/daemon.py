@@ -21,13 +21,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import fcntl
 import gc
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from pathlib import Path
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from bothy.atomicfile import write_atomically
@@ -41,9 +39,10 @@ from bothy.engine.audit import AuditLog
 from bothy.engine.headpublisher import HeadPublisher
 from bothy.engine.procgroup import process_start_time
 from bothy.engine.questions import QuestionBoard
-from bothy.errors import AuditIntegrityError, BothyError, ConfigError, TemporaryFailure
+from bothy.errors import AuditIntegrityError, BothyError, ConfigError
 from bothy.home import BothyHome
 from bothy.runtime import Runtime
+from bothy.servelock import single_instance
 from bothy.waits import first_of, recording_stop_signals
 from bothy.wakes.dispatcher import Dispatcher
 from bothy.wakes.handlers import unattended
@@ -111,7 +110,7 @@ class Daemon:
         sys.setswitchinterval(_SWITCH_INTERVAL_S)
         try:
             self._home.ensure()
-            with _single_instance(self._home.state_dir / "serve.lock"):
+            with single_instance(self._home.state_dir / "serve.lock"):
                 async with Runtime.open(self._home, self._cfg) as rt:
                     return await self._serve(rt)
         finally:
@@ -459,36 +458,3 @@ async def _refuse_a_broken_register(audit: AuditLog) -> None:
             "appended to it. See 'bothy audit verify'; 'bothy audit repair' keeps the broken "
             "file aside untouched and starts a new segment after the last good record",
             seq=report.first_bad_seq, line_no=report.line_no)
-
-
-@contextlib.contextmanager
-def serve_holding(lock_path: Path, *, doing: str) -> Iterator[None]:
-    """Hold ``bothy serve``'s single-instance lock while ``doing`` something it must not see;
-    refused (TemporaryFailure) while a daemon runs."""
-    with _serve_lock(lock_path, lambda holder: (
-            f"refusing to {doing} while bothy serve (pid {holder}) runs: stop it first")):
-        yield
-
-
-@contextlib.contextmanager
-def _single_instance(lock_path: Path) -> Iterator[None]:
-    with _serve_lock(lock_path, lambda holder: (
-            f"another bothy serve (pid {holder}) holds {lock_path}; not starting a second")) as fd:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
-
-
-@contextlib.contextmanager
-def _serve_lock(lock_path: Path, refusal: Callable[[str], str]) -> Iterator[int]:
-    """The serve lock, held until the block ends; ``refusal(holder pid)`` if another has it."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise TemporaryFailure(refusal(holder)) from None
-        yield fd
-    finally:
-        os.close(fd)

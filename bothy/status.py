@@ -311,7 +311,7 @@ def _serve(home: BothyHome, report: dict[str, Any], now: datetime) -> int | None
     if published is None:
         return None
     pid = int(published["pid"])
-    if not _same_process(pid, published.get("pid_start")):
+    if not _serve_alive(home, pid, published.get("pid_start")):
         report["serve"] = f"not running (pid {pid} is gone: it did not stop cleanly)"
         return None
     report["serve"] = f"{published.get('state', '?')} (pid {pid}, ports {published.get('ports')})"
@@ -333,8 +333,8 @@ def chat_connections(home: BothyHome, zone: str) -> dict[str, dict[str, Any]] | 
     """Each chat connection of the running ``bothy serve`` as status shows it (what it last
     heard, how long it has been silent); None when no daemon is running."""
     published = _published(home)
-    if published is None or not _same_process(int(published["pid"]),
-                                              published.get("pid_start")):
+    if published is None or not _serve_alive(home, int(published["pid"]),
+                                             published.get("pid_start")):
         return None
     return _connections(published, utc_now(), _zone(zone))
 
@@ -385,6 +385,15 @@ def connection_line(name: str, entry: dict[str, Any]) -> str:
     if entry.get("problem"):
         line += f"; {entry['state']}, last failure: {entry['problem']}"
     return line
+
+
+def _serve_alive(home: BothyHome, pid: int, start: object) -> bool:
+    """Whether the serve that published ``pid`` (started at ``start``) still runs: its lock
+    says so (bothy/servelock.py), or, where the lock cannot tell, the process table."""
+    from bothy.servelock import serve_alive
+
+    alive = serve_alive(home.state_dir / "serve.lock", pid)
+    return _same_process(pid, start) if alive is None else alive
 
 
 def _same_process(pid: int, start: object) -> bool:

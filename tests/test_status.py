@@ -13,7 +13,7 @@ import pytest
 from tests.fakes import github
 from tests.fakes.model_server import ModelServer, text, tool_call
 from tests.fakes.shell import Shell, until
-from tests.fakes.site import Site
+from tests.fakes.site import Completed, Site
 from tests.test_serve import SECRET, queued, records, serve_site, start_serve
 
 MINUTE_ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d[+-]\d\d:\d\d"
@@ -149,3 +149,93 @@ async def test_status_shows_a_wake_waiting_to_be_retried(
                         r" refused: .*against a 0\.50 ceiling.*", line), line
     [waiting] = json.loads(as_json.stdout)["wakes_waiting"]
     assert (waiting["key"], waiting["attempts"]) == (delivery, 1)
+
+
+_STATUS_AND_PSUTIL = (
+    "import sys\n"
+    "from bothy.cli import main\n"
+    "code = main(['status', '--json'])\n"
+    "print('psutil loaded' if 'psutil' in sys.modules else 'psutil not loaded', file=sys.stderr)\n"
+    "sys.exit(code)\n"
+)
+
+
+async def _python(site: Site, code: str) -> Completed:
+    """``python -c code`` in the site's environment, as a `bothy` command would run."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, env=site.env(), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(60):
+        stdout, stderr = await process.communicate()
+    assert process.returncode is not None
+    return Completed(process.returncode, stdout.decode(), stderr.decode())
+
+
+async def _serve_line(site: Site) -> str:
+    done = await site.bothy("status", "--json")
+    assert done.code == 0, done.stderr
+    return str(json.loads(done.stdout)["serve"])
+
+
+@pytest.mark.codex
+async def test_status_tells_a_running_serve_from_a_killed_one_whose_pid_was_taken(
+    server: ModelServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beside a running `bothy serve`, status shows it ready, told by the serve's lock without
+    loading the process table; once it is SIGKILLed, status says it is gone, and still does
+    when its published pid belongs to another live process (a pid taken again)."""
+    monkeypatch.setenv("GH_SECRET", SECRET)
+    site = serve_site(tmp_path, server, codex={"spare": False})
+    published = site.home / "state" / "serve.json"
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        pid = serving.command.pid
+        live = await site.bothy("status")
+        checked = await _python(site, _STATUS_AND_PSUTIL)
+        await serving.command.kill()
+        killed = await _serve_line(site)
+
+        other = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", "import sys; sys.stdin.read()", stdin=asyncio.subprocess.PIPE)
+        try:
+            state = json.loads(published.read_text())
+            published.write_text(json.dumps({**state, "pid": other.pid}))
+            taken = await _serve_line(site)
+        finally:
+            assert other.stdin is not None
+            other.stdin.close()
+            await other.wait()
+
+    assert f"bothy serve: ready (pid {pid}, ports" in live.stdout, live.stdout
+    assert checked.code == 0, checked.stderr
+    assert json.loads(checked.stdout)["serve"].startswith(f"ready (pid {pid}, ports")
+    assert "psutil not loaded" in checked.stderr
+    assert killed == f"not running (pid {pid} is gone: it did not stop cleanly)"
+    assert taken == f"not running (pid {other.pid} is gone: it did not stop cleanly)"
+
+
+async def test_status_during_a_repair_still_says_a_killed_serve_is_gone(
+    tmp_path: Path,
+) -> None:
+    """While a register repair holds the serve lock that a killed serve left its pid in, and
+    that pid is a live process's again, status still says the serve is gone."""
+    from bothy.servelock import serve_holding
+
+    site = Site(tmp_path, "http://127.0.0.1:9/v1")
+    state = site.home / "state"
+    state.mkdir(mode=0o700)
+    other = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "import sys; sys.stdin.read()", stdin=asyncio.subprocess.PIPE)
+    try:
+        # What a serve SIGKILLed while ready leaves, its pid since given to ``other``.
+        (state / "serve.lock").write_text(str(other.pid))
+        (state / "serve.json").write_text(json.dumps(
+            {"pid": other.pid, "pid_start": "1@1", "state": "ready", "ports": {}}))
+        with serve_holding(state / "serve.lock", doing="repair the register"):
+            during = await _serve_line(site)
+    finally:
+        assert other.stdin is not None
+        other.stdin.close()
+        await other.wait()
+
+    assert during == f"not running (pid {other.pid} is gone: it did not stop cleanly)"

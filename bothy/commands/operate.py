@@ -107,9 +107,9 @@ async def _repair(log: AuditLog) -> int:
     import asyncio
 
     from bothy.clock import utc_now
-    from bothy.daemon import serve_holding
     from bothy.home import BothyHome
     from bothy.runtime import site_alerts
+    from bothy.servelock import serve_holding
 
     home = BothyHome.from_env()
     with serve_holding(home.state_dir / "serve.lock", doing="repair the register"):

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bothy.clock import Clock
 from bothy.engine.auditindex import wake_id_for as wake_id_for  # (its home: the index)
-from bothy.engine.verification import Verification
 from bothy.exitcodes import ExitCode
 from bothy.money import usd_to_micros
 
 if TYPE_CHECKING:
     from bothy.config import Config
+    from bothy.engine.verification import Verification  # (loaded by the runs that verify)
 
 NO_REPLY = "NO_REPLY"
 

@@ -39,7 +39,6 @@ from bothy.engine.run import (
     new_run_id,
     wake_id_for,
 )
-from bothy.engine.spare import Cold, Spare
 from bothy.engine.state import StateDB
 from bothy.engine.task_link import TaskClaims, TaskLink
 from bothy.engine.tokenmeter import TokenMeter
@@ -47,12 +46,12 @@ from bothy.engine.toolbox import Asker, RunScope, Toolbox
 from bothy.engine.traceids import traceparent
 from bothy.engine.turn import LiveRun, Turn, TurnStream
 from bothy.engine.verdicts import ApprovalStore
-from bothy.engine.verification import verification_failure
 from bothy.engine.worker import ThreadInfo, Worker
 from bothy.errors import AppServerError, ProcessGroupError
 from bothy.money import format_usd
 
 if TYPE_CHECKING:
+    from bothy.engine.spare import Cold, Spare  # (only bothy serve keeps a spare)
     from bothy.memory.session import MemorySession
     from bothy.memory.site import SiteMemory
 
@@ -117,6 +116,8 @@ class Supervisor:
         """The spare app-server this supervisor's runs take (``bothy serve``): started with
         the launch and workspace a run without a profile ``codex_config`` uses. The caller
         starts it and closes it."""
+        from bothy.engine.spare import Spare
+
         self._spare = Spare(self._launch, cwd=self._cfg.workspace, db=self._db,
                             audit=self._audit, clock=self._clock,
                             grace_s=self._cfg.limits.stop_grace_s)
@@ -340,7 +341,7 @@ class Supervisor:
                                    "command": launch.argv[0]}
         if taken is not None:
             details["spare"] = "taken" if isinstance(taken, Worker) else "cold"
-            if isinstance(taken, Cold):
+            if not isinstance(taken, Worker):  # Cold
                 details["cold"] = taken.reason
         await self._audit.record("run", "started", "ok", subject=subject, run_id=run_id,
                                  details=details)
@@ -486,6 +487,8 @@ class Supervisor:
         self, live: LiveRun, stream: TurnStream, turn: Turn, ended: RunEnd, *, model: str
     ) -> RunEnd:
         """Check the run's own work; on failure, a new turn is told what failed (≤ N tries)."""
+        from bothy.engine.verification import verification_failure  # (only runs that verify)
+
         check = live.request.verify
         assert check is not None
         for attempt in range(1, check.max_attempts + 1):
