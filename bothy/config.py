@@ -8,13 +8,14 @@ a test keeps the two in step.
 Secrets never live in this file: fields that need one name an environment variable or a file.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: pydantic would have to eval every field's
+# annotation from its text (~150 of them) when it makes the classes; written as objects they
+# are evaluated by the module's own bytecode (issue 18: ~9 M instructions of every command).
 import json
 import re
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
@@ -52,9 +53,13 @@ class _Section(BaseModel):
     """A part of the configuration. An empty ``{}`` or ``[]`` default is written as a value,
     not ``default_factory=dict``: pydantic copies such a default for every instance all the
     same, and asks a factory for its signature when it builds the schema, which for a builtin
-    means parsing its text signature (~20 ms of every command's start, issue 18)."""
+    means parsing its text signature (~20 ms of every command's start, issue 18).
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    Each section's validator is built when it is first used (``defer_build``), not as its
+    class is made: loading a config builds the whole tree once, for :class:`Config`, instead
+    of every section's own first and then again inside its parent's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class PoolConfig(_Section):
@@ -107,7 +112,7 @@ class BudgetConfig(_Section):
         return value
 
     @model_validator(mode="after")
-    def _run_fits_in_day(self) -> BudgetConfig:
+    def _run_fits_in_day(self) -> Self:
         if self.per_run_usd > self.per_day_usd:
             raise ValueError(
                 f"per_run_usd ({self.per_run_usd}) is larger than per_day_usd ({self.per_day_usd})"
@@ -275,7 +280,7 @@ class ProfileConfig(_Section):
         return roots
 
     @model_validator(mode="after")
-    def _known_tools(self) -> ProfileConfig:
+    def _known_tools(self) -> Self:
         for where, names in (("tools", self.tools), ("approvals", list(self.approvals)),
                              ("ask", self.ask)):
             for name in names:
@@ -334,7 +339,7 @@ class ListenConfig(_Section):
         return value
 
     @model_validator(mode="after")
-    def _distinct(self) -> ListenConfig:
+    def _distinct(self) -> Self:
         if self.public_port == self.tailnet_port:
             raise ValueError("public_port must differ from tailnet_port: Funnel applies to a"
                              " whole port, so the public listener needs its own")
@@ -360,7 +365,7 @@ def report_to_form_problem(value: str) -> str | None:
     return None
 
 
-def report_to_problem(value: str, chat: ChatConfig) -> str | None:
+def report_to_problem(value: str, chat: "ChatConfig") -> str | None:
     """Why ``value`` cannot receive reports on this site (its form, or its platform is not
     configured under ``chat``), or None."""
     if problem := report_to_form_problem(value):
@@ -527,7 +532,7 @@ class PollerConfig(_Section):
         return value
 
     @model_validator(mode="after")
-    def _one_source(self) -> PollerConfig:
+    def _one_source(self) -> Self:
         if (self.url is None) == (self.command is None):
             raise ValueError("give exactly one of url (an HTTP poll) or command (an argv poll)")
         if self.command is not None and self.headers_env:
@@ -621,7 +626,7 @@ class OtelConfig(_Section):
         return value
 
     @model_validator(mode="after")
-    def _retries_in_order(self) -> OtelConfig:
+    def _retries_in_order(self) -> Self:
         if self.retry_max_s < self.retry_first_s:
             raise ValueError(f"retry_max_s ({self.retry_max_s}) is shorter than"
                              f" retry_first_s ({self.retry_first_s})")
@@ -686,7 +691,7 @@ class Config(_Section):
     # The rules that span sections, one validator each, run in this order.
 
     @model_validator(mode="after")
-    def _wall_clock_within_expiry(self) -> Config:
+    def _wall_clock_within_expiry(self) -> Self:
         if self.limits.wall_clock_s >= self.budget.reservation_expiry_s:
             raise ValueError(
                 f"limits.wall_clock_s ({self.limits.wall_clock_s}) must be shorter than "
@@ -696,7 +701,7 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
-    def _webhook_routes_agree(self) -> Config:
+    def _webhook_routes_agree(self) -> Self:
         """Paths unique, public routes with a public port, job profiles defined."""
         paths: dict[str, str] = {}
         for name, route in self.webhooks.items():
@@ -713,7 +718,7 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
-    def _reports_go_to_configured_chat(self) -> Config:
+    def _reports_go_to_configured_chat(self) -> Self:
         """A job's ``report_to`` names a chat platform this site has configured."""
         jobs = [(f"webhooks.{name}.jobs.{index}.report_to", job.report_to)
                 for name, route in self.webhooks.items() for index, job in enumerate(route.jobs)]
@@ -725,7 +730,7 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
-    def _chat_profiles_defined(self) -> Config:
+    def _chat_profiles_defined(self) -> Self:
         for platform, section in (("slack", self.chat.slack), ("discord", self.chat.discord)):
             if section is not None and section.profile not in (None, *self.profiles):
                 raise ValueError(f"chat.{platform}.profile {section.profile!r} is not defined"
@@ -733,7 +738,7 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
-    def _held_questions_within_expiry(self) -> Config:
+    def _held_questions_within_expiry(self) -> Self:
         for name, profile in self.profiles.items():
             held = self.limits.wall_clock_s + profile.question_hold_seconds
             if held >= self.budget.reservation_expiry_s:
