@@ -401,10 +401,11 @@ def _split(site: Any, mentions: list[_Mention]) -> dict[str, list[float]]:
             ("wake", "received"), ("run", "started"), ("turn", "started"))):
         moments.setdefault((str(record.subject), f"{record.kind} {record.event}"), record)
     names = ("mention → `wake received`", "→ `run started`", "codex's thread/start",
-             "Bothy from the worker taken to turn/start, thread/start aside",
+             "Bothy from the worker taken (cold: spawned) to turn/start, codex aside",
              "codex: turn/start → model request", "Bothy's own in all",
              "codex's own in all")
-    parts: dict[str, list[float]] = {name: [] for name in names}
+    initialize = "codex's initialize (cold runs only: the spare's was done ahead)"
+    parts: dict[str, list[float]] = {name: [] for name in (*names, initialize)}
     for m in mentions:
         received = moments.get((m.subject, "wake received"))
         started = moments.get((m.subject, "run started"))
@@ -414,10 +415,14 @@ def _split(site: Any, mentions: list[_Mention]) -> dict[str, list[float]]:
         thread_ms = float(turn.details.get("thread_start_ms") or 0.0)
         turn_sent = float(turn.details["turn_start_sent_unix"]) - offset
         taken_to_turn_ms = float(turn.details["to_turn_start_ms"])
-        codex_ms = thread_ms + (m.asked - turn_sent) * 1000
+        init_ms = 0.0 if started.details.get("spare") == "taken" else float(
+            turn.details["initialize_ms"])
+        if init_ms:
+            parts[initialize].append(init_ms)
+        codex_ms = init_ms + thread_ms + (m.asked - turn_sent) * 1000
         values = ((received.ts.timestamp() - offset - m.sent) * 1000,
                   (started.ts.timestamp() - received.ts.timestamp()) * 1000, thread_ms,
-                  taken_to_turn_ms - thread_ms, (m.asked - turn_sent) * 1000,
+                  taken_to_turn_ms - thread_ms - init_ms, (m.asked - turn_sent) * 1000,
                   (m.asked - m.sent) * 1000 - codex_ms, codex_ms)
         for name, value in zip(names, values, strict=True):
             parts[name].append(value)
