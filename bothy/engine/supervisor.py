@@ -247,11 +247,16 @@ class Supervisor:
         self, run_id: str, request: RunRequest, admitted: Admitted, progress: Progress,
         asker: Asker, link: TaskLink | None, closing: _Closing,
     ) -> RunEnd:
+        tries = 0
+
         async def between_tries() -> None:
+            nonlocal tries
             if self.stopping.is_set():
                 await self.pool.request_cancel(run_id)
             await self.recovery.sweep()
-            await self.budget.refresh(run_id)
+            if tries:  # before the first try the reservation is fresh: admission just made it
+                await self.budget.refresh(run_id)
+            tries += 1
 
         claim = await self.pool.wait_for_slot(
             run_id, between_tries=between_tries, on_wait=lambda w: self._waiting(w, progress)
