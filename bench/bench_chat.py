@@ -340,6 +340,9 @@ def _latencies(platform: str, site: Any, mentions: list[_Mention]) -> None:
     parts = _parts(site, warm)
     _note("where mention → answer goes (medians, ms): "
           + "; ".join(f"{name} {median(values):.0f}" for name, values in parts.items()))
+    _note("the way to the model split (medians, ms): "
+          + "; ".join(f"{name} {median(values):.0f}"
+                      for name, values in _split(site, warm).items()))
     taken = sum(1 for m in warm if _spare_of(site, m) == "taken")
     _note(f"{taken} of {len(warm)} ran on a spare app-server (started ahead: `→ run started`"
           " then includes no spawn, `→ turn started` no codex initialize); the others spawned"
@@ -382,6 +385,47 @@ def _parts(site: Any, mentions: list[_Mention]) -> dict[str, list[float]]:
         for name, (before, after) in zip(names, itertools.pairwise(cuts), strict=True):
             parts[name].append((after - before) * 1000)
         parts[after_answer].append((stopped - m.posted) * 1000)
+    return {name: values for name, values in parts.items() if values}
+
+
+def _split(site: Any, mentions: list[_Mention]) -> dict[str, list[float]]:
+    """Mention → model request cut into codex's own steps (its answer to thread/start; from
+    turn/start sent to the model request) and the rest, Bothy's own (the chat adapter, intake,
+    gates, slot, the durable steps that do not overlap codex's), by the `wake received` and
+    `run started` records and the times `turn started` carries."""
+    from tests.fakes.shell import audit_records
+
+    offset = time.time() - time.monotonic()
+    moments: dict[tuple[str, str], Any] = {}
+    for record in audit_records(site, lambda r: (r.kind, r.event) in (
+            ("wake", "received"), ("run", "started"), ("turn", "started"))):
+        moments.setdefault((str(record.subject), f"{record.kind} {record.event}"), record)
+    names = ("mention → `wake received`", "→ `run started`", "codex's thread/start",
+             "Bothy from the worker taken (cold: spawned) to turn/start, codex aside",
+             "codex: turn/start → model request", "Bothy's own in all",
+             "codex's own in all")
+    initialize = "codex's initialize (cold runs only: the spare's was done ahead)"
+    parts: dict[str, list[float]] = {name: [] for name in (*names, initialize)}
+    for m in mentions:
+        received = moments.get((m.subject, "wake received"))
+        started = moments.get((m.subject, "run started"))
+        turn = moments.get((m.subject, "turn started"))
+        if received is None or started is None or turn is None:
+            continue
+        thread_ms = float(turn.details.get("thread_start_ms") or 0.0)
+        turn_sent = float(turn.details["turn_start_sent_unix"]) - offset
+        taken_to_turn_ms = float(turn.details["to_turn_start_ms"])
+        init_ms = 0.0 if started.details.get("spare") == "taken" else float(
+            turn.details["initialize_ms"])
+        if init_ms:
+            parts[initialize].append(init_ms)
+        codex_ms = init_ms + thread_ms + (m.asked - turn_sent) * 1000
+        values = ((received.ts.timestamp() - offset - m.sent) * 1000,
+                  (started.ts.timestamp() - received.ts.timestamp()) * 1000, thread_ms,
+                  taken_to_turn_ms - thread_ms - init_ms, (m.asked - turn_sent) * 1000,
+                  (m.asked - m.sent) * 1000 - codex_ms, codex_ms)
+        for name, value in zip(names, values, strict=True):
+            parts[name].append(value)
     return {name: values for name, values in parts.items() if values}
 
 

@@ -74,6 +74,28 @@ async def test_a_mention_is_seen_and_answered_in_its_thread(
     assert len(server.requests) == 1  # app_mention + message twins and retries: one run
 
 
+async def test_a_reaction_slack_does_not_answer_does_not_hold_the_answer(
+    tmp_path: Path, server: ModelServer, slack: FakeSlack
+) -> None:
+    """The "seen" reaction goes beside the run: with reactions.add left unanswered (the
+    adapter would wait 30 s for it), the answer is in the thread within a few seconds, and
+    the reaction, given up, is audited."""
+    server.script(text("Answered while the reaction hangs."))
+    slack.hang_method("reactions.add")
+    site = _site(tmp_path, server, slack)
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        ts = slack.send_mention(OPERATOR, CHANNEL, "are you there?")
+        await until(lambda: bool(_posts_in(slack, ts)), "an answer in the thread",
+                    timeout_s=15.0)
+        reacting = [c for c in slack.calls_to("reactions.add") if c.args.get("timestamp") == ts]
+        assert await serving.stop() == 0
+    assert _posts_in(slack, ts) == ["Answered while the reaction hangs."]
+    assert reacting != []  # asked for, unanswered, while the answer went out
+    [failed] = audit_records(site, lambda r: (r.kind, r.event) == ("chat", "react-failed"))
+    assert "given up" in str(failed.details["reason"])
+
+
 async def test_a_stranger_is_refused_politely_and_audited(
     tmp_path: Path, server: ModelServer, slack: FakeSlack
 ) -> None:

@@ -125,7 +125,29 @@ class Conversations:
         adapter = self.adapters.get(message.platform)
         if adapter is None:
             return Ignored(f"{message.platform} is not connected")
-        await self._seen(adapter, message, wake.route, start.details)
+        # "Seen" goes beside the run, not ahead of it: a reaction's round trip is not on the
+        # answer's way. A refused one is audited by _seen; one still unanswered once the run
+        # is over says nothing any more: it is given up, and that is audited too.
+        seen = asyncio.ensure_future(self._seen(adapter, message, wake.route, start.details))
+        try:
+            return await self._answered(wake, message, continued_from, adapter, start)
+        finally:
+            await self._seen_or_given_up(seen, message, wake.route, start.details)
+
+    async def _seen_or_given_up(self, seen: asyncio.Future[None], message: ChatMessage,
+                                route: str, details: dict[str, Any]) -> None:
+        if not seen.done():
+            seen.cancel()
+        await asyncio.wait({seen})
+        if not seen.cancelled():
+            seen.result()  # what broke it (a broken register) is not dropped
+            return
+        await self._audit.record("chat", "react-failed", "failed", subject=route, details={
+            **details, "reason": f"{message.platform} had not answered the reaction by the"
+                                 " time the run was over; it was given up"})
+
+    async def _answered(self, wake: WakeRow, message: ChatMessage, continued_from: str | None,
+                        adapter: ChatAdapter, start: WakeStart) -> RunResult:
         thread = _Thread(self, adapter, message, wake.route, start.details)
         resume, prompt = await self._resume_or_continue(message, thread.id, continued_from)
         request = RunRequest.for_wake(

@@ -248,11 +248,16 @@ class Supervisor:
         self, run_id: str, request: RunRequest, admitted: Admitted, progress: Progress,
         asker: Asker, link: TaskLink | None, closing: _Closing,
     ) -> RunEnd:
+        tries = 0
+
         async def between_tries() -> None:
+            nonlocal tries
             if self.stopping.is_set():
                 await self.pool.request_cancel(run_id)
             await self.recovery.sweep()
-            await self.budget.refresh(run_id)
+            if tries:  # before the first try the reservation is fresh: admission just made it
+                await self.budget.refresh(run_id)
+            tries += 1
 
         claim = await self.pool.wait_for_slot(
             run_id, between_tries=between_tries, on_wait=lambda w: self._waiting(w, progress)
@@ -286,16 +291,19 @@ class Supervisor:
             record = worker.record if worker is taken else await worker.start()
         except (OSError, ProcessGroupError) as exc:
             return RunEnd(Outcome.FAILED, f"the worker could not start: {exc}")
+        # The group attached and `run started` made durable while codex does its own first
+        # steps (initialize when cold, thread/start), which spend nothing: _converse sends
+        # turn/start, and records anything of the run, only once this is done.
+        started = asyncio.ensure_future(
+            self._started(run_id, request.subject, record, launch, taken, progress))
         try:
             try:
-                await self._started(run_id, request.subject, record, launch, taken)
-                progress.started(run_id, record.leader_pid)
-                await toolbox.start()
                 live = LiveRun(request, worker, worker.events, progress, toolbox, deadline)
-                ended = await self._converse(run_id, live, admitted)
+                ended = await self._converse(run_id, live, admitted, started)
             except AppServerError as exc:
                 ended = RunEnd(Outcome.FAILED, worker.failure(str(exc)))
             except BaseException:  # cancelled, or broken: the worker is stopped, then we go
+                await asyncio.wait({started})  # its start is on record before its stop
                 await self._stop_worker(run_id, request.subject, worker, toolbox,
                                         asyncio.ensure_future(self._end_worker(worker)))
                 raise
@@ -332,9 +340,13 @@ class Supervisor:
                                     asyncio.ensure_future(self._end_worker(worker)))
 
     async def _started(self, run_id: str, subject: str, record: GroupRecord, launch: Launch,
-                       taken: Worker | Cold | None) -> None:
+                       taken: Worker | Cold | None, progress: Progress) -> None:
         """Attach the worker's group to the run (for recovery, should we die), then say so;
-        whether it is the spare (its row goes once the run has it), or why not."""
+        whether it is the spare (its row goes once the run has it), or why not.
+
+        Runs beside codex's first steps. Until the group is attached, a death leaves it named
+        by the spare's row (``spares``, forgotten only after `run started`) or, cold, by
+        nothing, as before (codex, spawned an instant earlier, ends with its stdin)."""
         await self.pool.attach_worker(run_id, record)
         details: dict[str, Any] = {"pgid": record.pgid, "leader_pid": record.leader_pid,
                                    "leader_start": record.leader_start,
@@ -347,6 +359,7 @@ class Supervisor:
                                  details=details)
         if self._spare is not None and isinstance(taken, Worker):
             self._spare.run_started(record)
+        progress.started(run_id, record.leader_pid)
 
     async def _end_worker(self, worker: Worker) -> StopReport | None:
         return await worker.stop(grace_s=self._cfg.limits.stop_grace_s)
@@ -416,7 +429,22 @@ class Supervisor:
                              allow_from_untrusted=profile.allow_from_untrusted,
                              dream=request.dream)
 
-    async def _converse(self, run_id: str, live: LiveRun, admitted: Admitted) -> RunEnd:
+    async def _converse(self, run_id: str, live: LiveRun, admitted: Admitted,
+                        started: asyncio.Future[None]) -> RunEnd:
+        """The run's conversation with codex. ``started`` is the run's start being made
+        durable: codex's first steps go beside it; the run's tools and memory start, and
+        anything of the run is recorded, only after it, and turn/start (the first step that
+        can spend) only once it is done."""
+        try:
+            thread = await self._prepared(run_id, live, started)
+        finally:
+            await asyncio.shield(started)  # its failure (a broken register) outranks codex's
+        return await self._turned(run_id, live, admitted, thread)
+
+    async def _prepared(self, run_id: str, live: LiveRun,
+                        started: asyncio.Future[None]) -> ThreadInfo:
+        """Codex initialized (when cold), its skill roots set and the run's thread started or
+        resumed: none of it spends, nor is recorded, before ``started``."""
         request, worker = live.request, live.worker
         if not worker.initialized:  # the spare's was answered before the run took it
             await worker.initialize()
@@ -425,8 +453,15 @@ class Supervisor:
             profile = None  # a dream gets neither the profile's skills nor its sandbox
         if profile is not None and profile.skills:
             await worker.set_skill_roots([str(root) for root in profile.skills])
-        thread = await self._thread(run_id, request, worker, live.toolbox,
-                                    profile.sandbox if profile else "read-only")
+        if live.toolbox.starts_anything:  # memory and MCP record what they find
+            await asyncio.shield(started)
+        await live.toolbox.start()
+        return await self._thread(run_id, request, worker, live.toolbox,
+                                  profile.sandbox if profile else "read-only", started)
+
+    async def _turned(self, run_id: str, live: LiveRun, admitted: Admitted,
+                      thread: ThreadInfo) -> RunEnd:
+        request, worker = live.request, live.worker
         # The model the thread got is noted while its turn starts: the price gate, which
         # comes first, needs no commit, and codex starts the turn meanwhile.
         noting = asyncio.ensure_future(self.pool.note_model(run_id, thread.model))
@@ -458,7 +493,8 @@ class Supervisor:
             return await self._verify_loop(live, stream, turn, ended, model=thread.model)
 
     async def _thread(
-        self, run_id: str, request: RunRequest, worker: Worker, toolbox: Toolbox, sandbox: str
+        self, run_id: str, request: RunRequest, worker: Worker, toolbox: Toolbox, sandbox: str,
+        started: asyncio.Future[None],
     ) -> ThreadInfo:
         """Resume the conversation's kept thread if there is one, else start a thread."""
         if request.resume_thread is not None:
@@ -468,6 +504,7 @@ class Supervisor:
                     approval_policy="on-request",
                 )
             except AppServerError as exc:
+                await asyncio.shield(started)  # after `run started`, as AUDIT.md orders
                 await self._audit.record("thread", "resume-failed", "failed",
                                          subject=request.subject, run_id=run_id,
                                          details={"thread": request.resume_thread,
@@ -535,6 +572,9 @@ class Supervisor:
                 "to_turn_start_ms": round(
                     (marks["turn_start_sent"] - marks.get("taken", marks["spawn"])) * 1000, 3),
                 "turn_start_sent_unix": marks["turn_start_sent_unix"],
+                # Codex's own answers: to the run's thread/start (or resume), to turn/start.
+                "thread_start_ms": _between(marks, "thread_start_sent", "thread_started"),
+                "turn_start_ms": _between(marks, "turn_start_sent", "turn_started"),
             },
         )
 
@@ -586,6 +626,13 @@ class _Closing:
     async def tell(self, result: RunResult) -> None:
         if self._told is not None:
             await self._told(result)
+
+
+def _between(marks: dict[str, float], since: str, until: str) -> float | None:
+    """Milliseconds from one of a worker's marks to another; None if either is missing."""
+    if since not in marks or until not in marks:
+        return None
+    return round((marks[until] - marks[since]) * 1000, 3)
 
 
 def _tokens(meter: TokenMeter | None) -> dict[str, Any]:

@@ -134,6 +134,11 @@ class Toolbox:
         self._listed: list[HostedTool] = []
         self._problems_audited: set[McpProblem] = set()
 
+    @property
+    def starts_anything(self) -> bool:
+        """Whether :meth:`start` has work (memory, MCP servers), which it may record."""
+        return self.memory is not None or self._mcp is not None
+
     async def start(self) -> None:
         """Prepare the run's memory; start the profile's MCP servers, auditing each one that
         could not start."""

@@ -127,7 +127,9 @@ class Worker:
             params["model"] = model
         if dynamic_tools:
             params["dynamicTools"] = dynamic_tools
+        self.marks["thread_start_sent"] = time.monotonic()
         result = await self._call("thread/start", params)
+        self.marks["thread_started"] = time.monotonic()
         thread = result.get("thread") if isinstance(result, dict) else None
         if not isinstance(thread, dict) or not isinstance(thread.get("id"), str):
             raise AppServerError(
@@ -143,7 +145,9 @@ class Worker:
                                   "approvalPolicy": approval_policy, "sandbox": sandbox}
         if model is not None:
             params["model"] = model
+        self.marks["thread_start_sent"] = time.monotonic()
         result = await self._call("thread/resume", params)
+        self.marks["thread_started"] = time.monotonic()
         thread = result.get("thread") if isinstance(result, dict) else None
         if not isinstance(thread, dict) or not isinstance(thread.get("id"), str):
             raise AppServerError(
