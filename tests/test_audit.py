@@ -462,8 +462,8 @@ async def test_record_appends_from_a_coroutine(tmp_path: Path) -> None:
 
 
 def test_a_register_that_recorded_before_a_fork_records_in_the_child(tmp_path: Path) -> None:
-    """The commits' thread is the parent's alone: a forked child gets its own, and its
-    record joins the one chain (without one, the child's record would wait forever)."""
+    """A forked child's records go through commits of its own (the parent's committing
+    thread is not in the child), and join the one chain."""
     log = AuditLog(tmp_path / "audit.jsonl")
     asyncio.run(log.record("serve", "starting", "ok"))  # the parent's commit thread runs
 

@@ -30,6 +30,7 @@ and every verdict after a repair says where it was repaired.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import os
@@ -39,7 +40,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from bothy.committhread import CommitThread
 from bothy.engine.auditchain import Fault, VerifyReport
 from bothy.engine.auditcheckpoint import against_anchor, read_checkpoint, remove_checkpoint
 from bothy.engine.auditevents import EVENTS, EventTable
@@ -105,9 +105,6 @@ class AuditLog:
         self._group: GroupCommit[Entry, AuditRecord] = GroupCommit(
             self._commit_in_thread, max_batch=_RECORDS_PER_COMMIT, name="audit-commit",
             idle=self._settle_in_thread, idle_after_s=_SETTLE_AFTER_QUIET_S)
-        # Commits and the durable step run on a thread of the register's own: a hand-off
-        # much cheaper than asyncio.to_thread's (see bothy.committhread).
-        self._thread = CommitThread("audit-commit")
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -194,11 +191,11 @@ class AuditLog:
         return Entry(kind, event, outcome, subject, run_id, copied, text, names)
 
     async def _commit_in_thread(self, entries: list[Entry]) -> list[AuditRecord]:
-        return await self._thread.run(self._writer.commit_grouped, entries)
+        return await asyncio.to_thread(self._writer.commit_grouped, entries)
 
     async def _settle_in_thread(self) -> None:
         """The group commit's idle hook: the durable step its commits left pending."""
-        await self._thread.run(AuditWriter.settle, self._writer)
+        await asyncio.to_thread(self._writer.settle)
 
     # -- reading ---------------------------------------------------------------------------
 
