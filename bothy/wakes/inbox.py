@@ -8,7 +8,7 @@ two sources are two wakes. ``accept`` makes a delivery durable in this order and
 after the last step (contracts.md §7):
 
 1. a delivery already known (a row with its source, route and key) is a duplicate and gets
-   no row: the INSERT of step 4 finds it, or, for one no job wants, a lookup beside step 2;
+   no row: the INSERT of step 4 finds it, or, for one no job wants, a lookup before step 3;
 2. append the payloads to the segment in one write and fsync it (and the directory, for a
    new segment);
 3. for a delivery no job wants (the listener says so: ``accept(..., ignored=reason)``),
@@ -25,7 +25,7 @@ early; if any step fails, every delivery of the batch hears it (InboxError: the 
 answered 503 and retries).
 
 A crash between 2 and 4 leaves lines without rows. The rows of a segment always cover a
-prefix of it (a batch's rows are committed before the next batch is written), so
+prefix of it (batches append, and then commit their rows, in the same order), so
 :meth:`Inbox.recover`, run at start-up, reads each segment only past the last line a row
 names, and gives those lines rows — closed if the register shows they already ran, or were
 ignored. A state database restored from an older copy names less of each segment, and
