@@ -19,11 +19,10 @@ from bothy.clock import Clock
 from bothy.config import Config
 from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog
-from bothy.engine.budget import Admitted, BudgetGate, Refused, Ticket
+from bothy.engine.budget import Admitted, BudgetGate, Refused, Ticket, budget_gate
 from bothy.engine.cairn import Cairn, ref_problem
 from bothy.engine.checklist import Checklist
 from bothy.engine.launch import Launch, build_launch
-from bothy.engine.plan import budget_gate
 from bothy.engine.pool import Waiting, Withdrawn, WorkerPool
 from bothy.engine.prices import PriceTable
 from bothy.engine.procgroup import GroupRecord, StopReport, process_start_time
