@@ -149,9 +149,11 @@ def check_profile(name: str | None, cfg: Config) -> str | None:
 
 def check_ref(ref: str | None, flag: str = "--ref") -> str | None:
     """A task reference given by a person: one outside the contract is a usage error."""
+    if ref is None:
+        return None
     from bothy.engine.cairn import ref_problem
 
-    if ref is not None and (problem := ref_problem(ref)):
+    if problem := ref_problem(ref):
         raise UsageError(f"{flag} {problem}")
     return ref
 

@@ -245,3 +245,14 @@ def _over_ceiling(summary: DaySummary, requested: int, total: int) -> Refused:
         f" {figures['requested_usd']} requested)"
     )
     return Refused(gate="budget", message=message, figures=figures)
+
+
+def budget_gate(
+    db: StateDB, cfg: BudgetConfig, prices: PriceTable, *, clock: Clock
+) -> BudgetGate:
+    """The gate of ``budget.mode``: dollars ('api') or rate-limit windows ('plan')."""
+    if cfg.mode == "plan":
+        from bothy.engine.plan import PlanGate  # (only a plan-mode site loads it; it imports us)
+
+        return PlanGate(db, cfg, prices, clock=clock)
+    return BudgetGate(db, cfg, prices, clock=clock)

@@ -224,11 +224,3 @@ def _an(percent: int) -> str:
     """'an 85% ceiling', 'a 90% ceiling': the article of the number as it is read."""
     spoken = str(percent)
     return "n" if spoken.startswith("8") or spoken in ("11", "18") else ""
-
-
-def budget_gate(
-    db: StateDB, cfg: BudgetConfig, prices: PriceTable, *, clock: Clock
-) -> BudgetGate:
-    """The gate of ``budget.mode``: dollars ('api') or rate-limit windows ('plan')."""
-    gate = PlanGate if cfg.mode == "plan" else BudgetGate
-    return gate(db, cfg, prices, clock=clock)

@@ -19,11 +19,9 @@ from bothy.clock import Clock
 from bothy.config import Config
 from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog
-from bothy.engine.budget import Admitted, BudgetGate, Refused, Ticket
-from bothy.engine.cairn import Cairn, ref_problem
+from bothy.engine.budget import Admitted, BudgetGate, Refused, Ticket, budget_gate
 from bothy.engine.checklist import Checklist
 from bothy.engine.launch import Launch, build_launch
-from bothy.engine.plan import budget_gate
 from bothy.engine.pool import Waiting, Withdrawn, WorkerPool
 from bothy.engine.prices import PriceTable
 from bothy.engine.procgroup import GroupRecord, StopReport, process_start_time
@@ -104,7 +102,7 @@ class Supervisor:
         self.budget: BudgetGate = budget_gate(db, cfg.budget, self._prices, clock=clock)
         self.pool = WorkerPool(db, cfg.pool, clock=clock)
         self.recovery = Recovery(db, audit, clock=clock, grace_s=cfg.limits.stop_grace_s)
-        self._claims = TaskClaims(Cairn(cfg.cairn, cwd=cfg.workspace), db=db, audit=audit,
+        self._claims = TaskClaims(cfg.cairn, cwd=cfg.workspace, db=db, audit=audit,
                                   clock=clock, site=cfg.site)
         self._threads: dict[str, str] = {}  # run id -> kept Codex thread id
         self._meters: dict[str, TokenMeter] = {}  # run id -> its own tokens, turn by turn
@@ -193,6 +191,8 @@ class Supervisor:
         """The run's tie to its task in Cairn, if it names a valid one (docs/CAIRN.md)."""
         if request.ref is None:
             return None
+        from bothy.engine.cairn import ref_problem  # (loaded by the runs that name a task)
+
         if problem := ref_problem(request.ref):
             await self._claims.refuse_ref(request.ref, problem, run_id=run_id,
                                           subject=request.subject)

@@ -12,16 +12,24 @@ releases a task whose run crashed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bothy.clock import Clock, to_us
 from bothy.engine.audit import AuditLog
 from bothy.engine.budget import Refused
-from bothy.engine.cairn import BRIEF_MAX_CHARS, Cairn, Held, StepFailed
 from bothy.engine.framing import frame, new_token
 from bothy.engine.procgroup import process_start_time
 from bothy.engine.state import StateDB
 from bothy.money import format_usd
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from bothy.config import CairnConfig
+    from bothy.engine.cairn import Cairn
+
+# The Cairn client (engine/cairn.py, ~2 % of a whole `bothy run`'s instructions) is loaded by
+# the first run that names a task, or the first claim left by a dead run: not by every run.
 
 __all__ = ["NOTE_MAX_CHARS", "NOTE_SPEC", "TaskClaims", "TaskLink"]
 
@@ -69,6 +77,8 @@ class TaskLink:
         await self._claims.remember(self._run_id, self.ref, self._subject)
         self._may_hold = True  # from here on (a stop mid-claim included) the end releases
         answer = await self._claims.cairn.claim(self.ref, self._run_id)
+        from bothy.engine.cairn import Held, StepFailed
+
         if isinstance(answer, Held):
             self._may_hold = False  # never release a task someone else holds
             await self._claims.forget(self._run_id)
@@ -89,6 +99,8 @@ class TaskLink:
         if not self._holds or not enabled:
             return prompt
         answer = await self._claims.cairn.brief(self.ref)
+        from bothy.engine.cairn import BRIEF_MAX_CHARS, StepFailed
+
         if isinstance(answer, StepFailed):
             await self._record("brief_failed", "failed", {"reason": answer.reason})
             return prompt
@@ -136,6 +148,8 @@ class TaskLink:
     async def _note(self, text: str, *, by: str) -> str | None:
         """Write a note; None when written, else why not (recorded either way)."""
         answer = await self._claims.cairn.note(self.ref, text)
+        from bothy.engine.cairn import StepFailed
+
         if isinstance(answer, StepFailed):
             await self._record("note_failed", "failed", {"by": by, "reason": answer.reason})
             return answer.reason
@@ -151,13 +165,25 @@ class TaskClaims:
     """The site's claims in Cairn, kept in the state table ``task_claims``."""
 
     def __init__(
-        self, cairn: Cairn, *, db: StateDB, audit: AuditLog, clock: Clock, site: str
+        self, cairn: CairnConfig, *, cwd: Path, db: StateDB, audit: AuditLog, clock: Clock,
+        site: str,
     ) -> None:
-        self.cairn = cairn
+        self._cairn_config = cairn
+        self._cwd = cwd
+        self._cairn: Cairn | None = None
         self.site = site
         self._db = db
         self._audit = audit
         self._clock = clock
+
+    @property
+    def cairn(self) -> Cairn:
+        """The Cairn client (``cairn.command``), made on first use."""
+        if self._cairn is None:
+            from bothy.engine.cairn import Cairn
+
+            self._cairn = Cairn(self._cairn_config, cwd=self._cwd)
+        return self._cairn
 
     def link(self, ref: str, *, run_id: str, subject: str) -> TaskLink:
         return TaskLink(self, ref, run_id=run_id, subject=subject)
@@ -186,6 +212,8 @@ class TaskClaims:
 
     async def release(self, run_id: str, ref: str, subject: str, *, why: str | None = None) -> bool:
         answer = await self.cairn.release(ref, run_id)
+        from bothy.engine.cairn import StepFailed
+
         details: dict[str, Any] = {"ref": ref} | ({"why": why} if why else {})
         if isinstance(answer, StepFailed):
             # The row stays: the next start tries again.
