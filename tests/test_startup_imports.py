@@ -3,7 +3,7 @@ config needs are loaded, for start-up time and idle memory).
 
 Each check runs in a fresh interpreter, as serve's process starts: the modules serve's start
 imports for a site with Slack and no schedule, then its schedule timers started on an empty
-table, must not have loaded APScheduler or discord.py; a schedule in the table loads
+table, must not have loaded APScheduler, discord.py or the poller; a schedule in the table loads
 APScheduler for its timer. aiohttp, imported as serve imports it, parses the CA bundle for
 its verifying TLS context only, which still verifies.
 """
@@ -43,7 +43,7 @@ async def main(root, with_schedule):
         await runner.start()
         timers = sorted(runner.next_fires())
         await runner.stop()
-    print(loaded("apscheduler"), loaded("discord"), timers)
+    print(loaded("apscheduler"), loaded("discord"), loaded("bothy.wakes.poller"), timers)
 
 asyncio.run(main(Path(sys.argv[1]), sys.argv[2] == "1"))
 """
@@ -59,14 +59,14 @@ def _serve_start(tmp_path: Path, *, with_schedule: bool) -> str:
 def test_a_site_without_schedules_never_loads_apscheduler_nor_an_unused_chat_library(
     tmp_path: Path,
 ) -> None:
-    """serve's modules for Slack, and its schedule timers on an empty table, leave APScheduler
-    and discord.py unloaded."""
-    assert _serve_start(tmp_path, with_schedule=False) == "False False []"
+    """serve's modules for Slack, and its schedule timers on an empty table, leave APScheduler,
+    discord.py and the poller (no poller configured) unloaded."""
+    assert _serve_start(tmp_path, with_schedule=False) == "False False False []"
 
 
 def test_a_schedule_in_the_table_loads_apscheduler_for_its_timer(tmp_path: Path) -> None:
     """With a schedule in the table, its timer is APScheduler's."""
-    assert _serve_start(tmp_path, with_schedule=True) == "True False ['nightly']"
+    assert _serve_start(tmp_path, with_schedule=True) == "True False False ['nightly']"
 
 
 _TLS_SCRIPT = """

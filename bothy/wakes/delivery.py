@@ -31,6 +31,8 @@ from bothy.fsync import fsync_directory
 
 _FORMAT_VERSION = 1
 WEBHOOK = "webhook"  # the source of a delivery that names none (files written before sources)
+POLL = "poll"  # the source of what a poller saw (wakes/poller.py); named here so that the
+# dispatcher and its handlers need not import the poller on a site that has none (issue 18)
 _SUFFIX = ".json"
 _TEMP_PREFIX = ".tmp-"
 

@@ -29,8 +29,8 @@ from bothy.engine.run import Outcome, new_run_id
 from bothy.engine.state import RunRow, StateDB
 from bothy.engine.supervisor import Supervisor
 from bothy.waits import first_of
-from bothy.wakes import poller, schedules
-from bothy.wakes.delivery import Delivery, wake_details
+from bothy.wakes import schedules
+from bothy.wakes.delivery import POLL, Delivery, wake_details
 from bothy.wakes.handlers import Quiet, WakeHandler, WakeStart
 from bothy.wakes.history import RunHistory
 from bothy.wakes.inbox import Inbox, Reinserted, WakeRow
@@ -284,6 +284,6 @@ def _details(wake: WakeRow) -> dict[str, Any]:
 
 def _subject(wake: WakeRow) -> str:
     """The subject of a wake's own records: the route, ``schedule:NAME`` or ``poll:NAME``."""
-    if wake.source in (schedules.SOURCE, poller.SOURCE):
+    if wake.source in (schedules.SOURCE, POLL):
         return f"{wake.source}:{wake.route}"
     return wake.route

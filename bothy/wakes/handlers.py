@@ -36,8 +36,8 @@ from bothy.engine.state import RunRow
 from bothy.engine.supervisor import Supervisor, Told
 from bothy.home import BothyHome
 from bothy.money import usd_to_micros
-from bothy.wakes import poller, schedules
-from bothy.wakes.delivery import Delivery
+from bothy.wakes import schedules
+from bothy.wakes.delivery import POLL, Delivery
 from bothy.wakes.inbox import Inbox, WakeRow
 from bothy.wakes.jobs import (
     Ignored,
@@ -220,7 +220,7 @@ class PollJobs(_Unattended):
             prompt=render_prompt(job, payload or {}, wake.route, "poll", token, raw=raw,
                                  what="poller"),
             subject=render_subject(job.subject, payload or {}, wake.route),
-            source=poller.SOURCE, run_id=start.run_id, details=start.details,
+            source=POLL, run_id=start.run_id, details=start.details,
             asked_usd_micros=_micros(job.max_usd), profile=job.profile,
             trusted=False,  # whoever wrote what the poll fetched is unknown (rule 6)
             can_hold=False,
@@ -292,7 +292,7 @@ def _with_preflight(prompt: str, schedule: schedules.Schedule, seen: PreflightSe
 def unattended(cfg: Config, home: BothyHome, *, reports: Reports,
                store: schedules.ScheduleStore, audit: AuditLog) -> dict[str, WakeHandler]:
     """The table of the sources nobody waits for, by source."""
-    return {WEBHOOK: WebhookJobs(cfg, reports), poller.SOURCE: PollJobs(cfg, reports),
+    return {WEBHOOK: WebhookJobs(cfg, reports), POLL: PollJobs(cfg, reports),
             schedules.SOURCE: ScheduleFires(cfg, reports, home=home, store=store, audit=audit)}
 
 

@@ -55,7 +55,7 @@ from bothy.engine.audit import AuditLog
 from bothy.engine.procgroup import ProcessGroup
 from bothy.engine.state import StateDB
 from bothy.errors import InboxError, ProcessGroupError
-from bothy.wakes.delivery import Delivery
+from bothy.wakes.delivery import POLL, Delivery
 from bothy.wakes.inbox import Accepted, Inbox
 from bothy.wakes.jobs import lookup
 from bothy.wakes.jsonbody import Unacceptable, parse_body
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 
 __all__ = ["EVENT", "SOURCE", "PollReport", "Poller"]
 
-SOURCE = "poll"
+SOURCE = POLL
 """``Delivery.source`` of every wake a poller queues."""
 EVENT = "poll"
 """``Delivery.event`` of every wake a poller queues."""
