@@ -159,8 +159,13 @@ class Conversations:
             can_hold=True,  # someone is in the thread to answer
             keep_thread=True, resume_thread=resume,  # the thread is one Codex conversation
         )
-        await self._remember(message, thread.id, start.run_id)
-        result = await self._run(start, request, thread)
+        # The thread's row names this run while the run starts (its commit is not on the way
+        # to the worker); nothing is posted in the thread, nor its answer kept, before it is.
+        thread.remember(self._remember(message, thread.id, start.run_id))
+        try:
+            result = await self._run(start, request, thread)
+        finally:
+            await thread.remembered()
         if start.done:  # answered as soon as the run's end was recorded
             return result
         if await start.stopped_before_start():
@@ -259,6 +264,7 @@ class Conversations:
     async def _remember_answer(self, message: ChatMessage, thread: _Thread,
                                result: RunResult) -> None:
         """The run's answer and Codex thread, kept for the replies that continue it."""
+        await thread.remembered()  # the row this updates names the run
         key = thread_key(message.platform, message.channel, thread.id)
         async with self._db.transaction():
             await self._db.execute(
@@ -334,6 +340,17 @@ class _Thread:
         self._details = details
         self.id = message.thread
         self._opening: asyncio.Task[str] | None = None
+        self._remembering: asyncio.Future[None] | None = None
+
+    def remember(self, remembering: Coroutine[Any, Any, None]) -> None:
+        """Name the run in the thread's row beside the run (see :meth:`remembered`)."""
+        self._remembering = asyncio.ensure_future(remembering)
+
+    async def remembered(self) -> None:
+        """Once the thread's row names the run (at once if there is nothing to wait for);
+        what broke its commit is raised here."""
+        if self._remembering is not None:
+            await asyncio.shield(self._remembering)
 
     async def post(self, text: str, *, run_id: str) -> None:
         """Post in the thread, opening it first if this is its first post."""
@@ -350,7 +367,9 @@ class _Thread:
                                               subject=thread_key(platform, channel, thread))
 
     async def _opened(self) -> str:
-        """The thread, opened once (concurrent posts share the opening)."""
+        """The thread, opened once (concurrent posts share the opening), and only once its row
+        names the run: a reply to what is posted finds the run."""
+        await self.remembered()
         if self._opening is None:
             self._opening = asyncio.ensure_future(self._conversations._open_thread(
                 self._adapter, self.message, self._route, self._details))
