@@ -564,10 +564,10 @@ async def test_a_batch_whose_fsync_fails_is_refused_whole_and_the_next_starts_a_
 async def test_a_delivery_no_job_wants_whose_segment_fsync_fails_is_recorded_once_when_retried(
     tmp_path: Path, db: StateDB, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`wake ignored` is recorded while the segment is fsynced: when that fsync fails, the
-    sender hears InboxError (503) though the record may be in; its retry, in the same process
-    or after a restart that reads the register, gets its row, closed ignored, and no second
-    record."""
+    """`wake ignored` is recorded once the segment is fsynced: when that fsync fails, the
+    sender hears InboxError (503) and the register names no delivery that was never stored;
+    its retry, in the same process or after a restart that reads the register, gets its row,
+    closed ignored, and one record."""
     inbox = Inbox(tmp_path / "inbox", db, clock=_Clock(), audit=_audit(tmp_path))
     trigger = tmp_path / "fsync-fails"
     trigger.write_text(str(inbox.root))
@@ -575,6 +575,7 @@ async def test_a_delivery_no_job_wants_whose_segment_fsync_fails_is_recorded_onc
     for key in ("same-process:h", "after-restart:h"):
         with pytest.raises(InboxError, match="Input/output error"):
             await inbox.accept(_delivery(key), ignored="no job matches")
+    assert list(_audit(tmp_path).records()) == []  # refused 503: nothing said of them
     trigger.unlink()
 
     again = await inbox.accept(_delivery("same-process:h"), ignored="no job matches")

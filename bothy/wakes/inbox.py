@@ -199,9 +199,9 @@ class Inbox:
 
         Known deliveries are found by the INSERT itself (ON CONFLICT: no row), and only then
         looked up for their wake id; in a batch holding deliveries no job wants, they are
-        looked up first, and what is left of those is recorded while the segment's write and
-        fsync go on (two fsyncs at once, not one after the other): a record before its line
-        is durable is one the sender's retry finds (see ``_record_ignored``). A known
+        looked up beside the segment's write and fsync, and what is left of those is recorded
+        once the batch's lines are durable: a delivery answered 503 (its fsync failed) leaves
+        no `wake ignored` naming it. A known
         delivery's line is written for nothing: it gets no row, and recovery, meeting it past
         a segment's rows, gives it none (its row is there) or closes it by what the register
         shows.
@@ -215,8 +215,9 @@ class Inbox:
                 first.setdefault(_ident(taken.delivery), taken)
             lines = [encode_payload_file(t.delivery) + b"\n" for t in first.values()]
             if any(t.ignored is not None for t in first.values()):
+                append = asyncio.ensure_future(self._append(appending, lines))
                 appended, looked_up = await asyncio.gather(
-                    self._append(appending, lines), self._known_then_record(recording, first),
+                    append, self._known_then_record(recording, first, append),
                     return_exceptions=True)  # both done before the batch goes on or fails
                 for outcome in (appended, looked_up):
                     if isinstance(outcome, BaseException):
@@ -256,10 +257,13 @@ class Inbox:
             return await asyncio.to_thread(self._segments.append, lines)
 
     async def _known_then_record(
-        self, turn: _Turn, first: dict[tuple[str, str, str], _Taken]
+        self, turn: _Turn, first: dict[tuple[str, str, str], _Taken],
+        append: asyncio.Future[list[Span]],
     ) -> dict[tuple[str, str, str], int]:
-        """Which of the batch are known, then, in its turn, ``wake ignored`` for the rest no
-        job wants (a known one must not be recorded again); return the known ones' wake ids.
+        """Which of the batch are known, then, in its turn and once the batch's lines are
+        durable (``append``), ``wake ignored`` for the rest no job wants (a known one must not
+        be recorded again); return the known ones' wake ids. A batch whose append failed is
+        answered 503 and records nothing.
 
         The turn: a copy of one of them in the batch before is recorded (or has failed to
         be) before this batch decides; and one whose row that batch has just inserted, after
@@ -267,6 +271,9 @@ class Inbox:
         """
         known = await self._known([t.delivery for t in first.values()])
         async with turn:
+            await asyncio.wait({append})
+            if append.cancelled() or append.exception() is not None:
+                return known  # (the batch fails with the append's exception)
             await self._record_ignored([t for ident, t in first.items()
                                         if t.ignored is not None and ident not in known])
         return known
