@@ -110,9 +110,9 @@ class Daemon:
         sys.setswitchinterval(_SWITCH_INTERVAL_S)
         try:
             self._home.ensure()
-            with single_instance(self._home.state_dir / "serve.lock"):
-                async with Runtime.open(self._home, self._cfg) as rt:
-                    return await self._serve(rt)
+            async with (single_instance(self._home.state_dir / "serve.lock"),
+                        Runtime.open(self._home, self._cfg) as rt):
+                return await self._serve(rt)
         finally:
             sys.setswitchinterval(previous_s)
 

@@ -1,7 +1,8 @@
 """``bothy serve``'s single-instance lock, ``state/serve.lock``: who holds it, and what that says.
 
 * A serve takes it (an exclusive ``flock``) before anything else and holds it for its whole
-  life, with its pid written in the file: a second serve is refused, naming that pid.
+  life, with its pid written in the file: a second serve is refused, naming that pid. A start
+  waits a moment (``_START_PAUSES_S``) for a lock held only for a status's look (below).
 * What a serve must not see (``bothy audit repair``) takes it for as long as it works, and
   empties the pid: it is not a serve, so a serve refused meanwhile names nobody.
 * ``bothy status`` (and ``doctor``) ask :func:`serve_alive` whether the serve that published
@@ -23,21 +24,39 @@ from bothy.errors import TemporaryFailure
 
 TYPE_CHECKING = False  # (``typing`` is not imported for mypy's sake on status's way)
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import AsyncIterator, Callable, Iterator
     from pathlib import Path
 
 __all__ = ["serve_alive", "serve_holding", "single_instance"]
 
 
-@contextlib.contextmanager
-def single_instance(lock_path: Path) -> Iterator[None]:
+# How long a serve's start waits, in steps, for a lock held only an instant: a status's or
+# doctor's look (``serve_alive``) holds it for the microseconds of a close when the last
+# serve died and its pid went to another process. A serve that runs holds it for good.
+_START_PAUSES_S = (0.005, 0.02, 0.1)
+
+
+@contextlib.asynccontextmanager
+async def single_instance(lock_path: Path) -> AsyncIterator[None]:
     """Hold the lock as the site's one serve, with this process's pid in it; refused
-    (TemporaryFailure) while another serve holds it."""
-    with _serve_lock(lock_path, lambda holder: (
-            f"another bothy serve (pid {holder}) holds {lock_path}; not starting a second")) as fd:
+    (TemporaryFailure) while another serve holds it (still held after ``_START_PAUSES_S``)."""
+    import asyncio  # (only serve's start needs it: status's way stays without asyncio)
+
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        for pause_s in _START_PAUSES_S:
+            if _taken(fd):
+                break
+            await asyncio.sleep(pause_s)
+        else:
+            if not _taken(fd):
+                raise TemporaryFailure(f"another bothy serve (pid {_holder(fd)}) holds "
+                                       f"{lock_path}; not starting a second")
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -56,14 +75,25 @@ def _serve_lock(lock_path: Path, refusal: Callable[[str], str]) -> Iterator[int]
     """The serve lock, held until the block ends; ``refusal(holder pid)`` if another has it."""
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise TemporaryFailure(refusal(holder)) from None
+        if not _taken(fd):
+            raise TemporaryFailure(refusal(_holder(fd)))
         yield fd
     finally:
         os.close(fd)
+
+
+def _taken(fd: int) -> bool:
+    """The lock taken (exclusive) on ``fd``, or False while another holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _holder(fd: int) -> str:
+    """The pid the lock's holder wrote in it, or "unknown"."""
+    return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
 
 
 def serve_alive(lock_path: Path, pid: int) -> bool | None:

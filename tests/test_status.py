@@ -239,3 +239,34 @@ async def test_status_during_a_repair_still_says_a_killed_serve_is_gone(
         await other.wait()
 
     assert during == f"not running (pid {other.pid} is gone: it did not stop cleanly)"
+
+
+async def test_a_serve_starting_while_a_status_looks_at_its_lock_starts(tmp_path: Path) -> None:
+    """A status's look at the lock (a killed serve's pid given to another process) holds it
+    for an instant: a serve starting then waits for it instead of being refused as if another
+    serve ran; a lock held for good (a serve that runs) is still refused, naming its pid."""
+    import fcntl
+    import os
+
+    from bothy.errors import TemporaryFailure
+    from bothy.servelock import single_instance
+
+    lock = tmp_path / "serve.lock"
+    lock.write_text("4242")
+    looking = os.open(lock, os.O_RDONLY)
+    fcntl.flock(looking, fcntl.LOCK_SH | fcntl.LOCK_NB)  # what serve_alive holds, briefly
+    asyncio.get_running_loop().call_later(0.01, os.close, looking)
+    async with single_instance(lock):
+        started = lock.read_text()
+
+    holding = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(holding, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        with pytest.raises(TemporaryFailure) as refused:
+            async with single_instance(lock):
+                pass
+    finally:
+        os.close(holding)
+
+    assert started == str(os.getpid())
+    assert f"another bothy serve (pid {os.getpid()}) holds {lock}" in str(refused.value)
