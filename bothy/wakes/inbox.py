@@ -12,8 +12,8 @@ after the last step (contracts.md §7):
 2. append the payloads to the segment in one write and fsync it (and the directory, for a
    new segment);
 3. for a delivery no job wants (the listener says so: ``accept(..., ignored=reason)``),
-   record ``wake ignored`` in the register, while step 2 goes on (its fsync beside the
-   segment's; the row waits for both);
+   record ``wake ignored`` in the register once step 2 is durable (the known deliveries
+   are looked up while it goes on);
 4. insert the rows in one statement (its own transaction; WAL with synchronous=FULL, so the
    commit is fsynced): ``queued``, or already closed ``ignored`` with the reason.
 
@@ -155,7 +155,7 @@ class Inbox:
             self._commit, max_batch=_ROWS_PER_COMMIT, name="inbox-commit",
             linger_s=_LINGER_S, in_flight=_IN_FLIGHT)
         # Three steps of a commit are taken in batch order, each batch queueing for all as it
-        # starts: segment appends; the register's records (beside the append); the rows
+        # starts: segment appends; the register's records (after the batch's append); the rows
         # (after the batch's own append and records), so the rows still cover a prefix of the
         # segment, and a batch decides what to record once the one before has recorded.
         self._appends = _Turns()
