@@ -50,8 +50,12 @@ async def single_instance(lock_path: Path) -> AsyncIterator[None]:
             await asyncio.sleep(pause_s)
         else:
             if not _taken(fd):
-                raise TemporaryFailure(f"another bothy serve (pid {_holder(fd)}) holds "
-                                       f"{lock_path}; not starting a second")
+                holder = _holder(fd)
+                raise TemporaryFailure(
+                    f"another bothy serve (pid {holder}) holds {lock_path}; not starting a second"
+                    if holder != "unknown" else  # a repair empties it (serve_holding)
+                    f"{lock_path} is held by a bothy that is not a serve (a register repair); "
+                    "not starting until it is done")
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield

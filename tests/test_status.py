@@ -270,3 +270,22 @@ async def test_a_serve_starting_while_a_status_looks_at_its_lock_starts(tmp_path
 
     assert started == str(os.getpid())
     assert f"another bothy serve (pid {os.getpid()}) holds {lock}" in str(refused.value)
+
+
+async def test_a_serve_starting_during_a_register_repair_is_told_what_holds_the_lock(
+    tmp_path: Path,
+) -> None:
+    """A repair holds the serve lock with no pid in it: a serve starting meanwhile says a
+    repair holds it, not that another serve runs."""
+    from bothy.errors import TemporaryFailure
+    from bothy.servelock import serve_holding, single_instance
+
+    lock = tmp_path / "serve.lock"
+    lock.write_text("4242")  # a dead serve's pid, which the repair empties
+    with serve_holding(lock, doing="repair the register"), \
+            pytest.raises(TemporaryFailure) as refused:
+        async with single_instance(lock):
+            pass
+
+    assert str(refused.value) == (f"{lock} is held by a bothy that is not a serve (a register "
+                                  "repair); not starting until it is done")
