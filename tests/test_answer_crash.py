@@ -19,7 +19,9 @@ register's records in order, and the worker's group empty by psutil.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -76,6 +78,13 @@ def _finished(site: Site) -> list[AuditRecord]:
 def _stopped(site: Site, run_id: str | None) -> list[AuditRecord]:
     return audit_records(site, lambda r: r.run_id == run_id
                          and (r.kind, r.event) == ("worker", "stopped"))
+
+
+def _wakes(site: Site) -> list[str]:
+    """The wakes' states, read from outside as an operator's sqlite3 would."""
+    with contextlib.closing(sqlite3.connect(site.home / "state" / "bothy.sqlite3",
+                                            timeout=DEADLINE_S)) as db:
+        return [status for (status,) in db.execute("SELECT status FROM wakes ORDER BY id")]
 
 
 def _group_of(site: Site, run_id: str | None) -> int:
@@ -152,15 +161,20 @@ async def test_a_sigkill_after_the_run_finished_posts_its_answer_once_after_the_
 async def test_a_sigkill_after_the_answer_before_worker_stopped_posts_nothing_more(
     tmp_path: Path, server: ModelServer, slack: FakeSlack
 ) -> None:
-    """SIGKILL with the answer posted and the worker still stopping (a member deaf to
-    SIGTERM, a 60 s grace): the restart posts nothing (no second answer, no restart notice),
-    ends the group (psutil: empty) and records its `worker stopped`, once."""
+    """SIGKILL with the answer posted, its wake closed, and the worker still stopping (a
+    member deaf to SIGTERM, a 60 s grace): the restart posts nothing (no second answer, no
+    restart notice), ends the group (psutil: empty) and records its `worker stopped`, once.
+
+    The kill waits for the wake's row to say `done`: in the instant between Slack taking the
+    post and that commit, a death posts the answer again after the restart (at least once,
+    never lost; docs/RUNBOOK.md)."""
     server.script(text(ANSWER))
     site = _site(tmp_path, server, slack, stop_grace_s=60.0)
     async with Shell(site) as shell:
         serving = await start_serve(shell)
         ts = slack.send_mention(OPERATOR, CHANNEL, "what changed this week?")
-        await until(lambda: bool(_posts_in(slack, ts)), "the answer in the thread")
+        await until(lambda: bool(_posts_in(slack, ts)) and _wakes(site) == ["done"],
+                    "the answer in the thread, its wake closed")
         [finished] = _finished(site)
         pgid = _group_of(site, finished.run_id)
         assert live_members(pgid) != []  # still stopping
