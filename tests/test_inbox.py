@@ -19,7 +19,7 @@ from bothy.clock import to_us
 from bothy.engine.audit import AuditLog
 from bothy.engine.state import StateDB
 from bothy.errors import InboxError
-from bothy.wakes.delivery import Delivery, encode_payload_file, payload_name
+from bothy.wakes.delivery import Delivery, encode_payload_file, ignored_in, payload_name
 from bothy.wakes.history import RunHistory
 from bothy.wakes.inbox import Accepted, Duplicate, Inbox, WakeRow
 
@@ -60,6 +60,13 @@ def inbox(tmp_path: Path, db: StateDB) -> Inbox:
 
 async def _rows(db: StateDB) -> list[WakeRow]:
     return [WakeRow.from_row(r) for r in await db.fetch_all("SELECT * FROM wakes ORDER BY id")]
+
+
+def _ignored(tmp_path: Path) -> list[str]:
+    """The deliveries the register closes as ignored, one entry per delivery a `wake ignored`
+    names (either form), in register order."""
+    return [d.key for r in _audit(tmp_path).records() if (r.kind, r.event) == ("wake", "ignored")
+            for d in ignored_in(r.details)]
 
 
 def _names(inbox: Inbox) -> list[str]:
@@ -495,47 +502,91 @@ async def test_a_delivery_refused_503_after_its_wake_ignored_is_recorded_once_wh
     assert isinstance(after, Accepted) and after.ignored == "no job matches"
     assert {r.key: r.status for r in await _rows(db)} == {"same-process:h": "ignored",
                                                            "after-restart:h": "ignored"}
-    assert sorted(r.details["delivery"] for r in _audit(tmp_path).records()) == [
-        "after-restart:h", "same-process:h"]
+    assert sorted(_ignored(tmp_path)) == ["after-restart:h", "same-process:h"]
 
 
 # -- group commit, ignored at intake, a failing disk -------------------------------------------
 
 
-async def test_a_delivery_no_job_wants_is_closed_ignored_and_recorded_before_its_row(
+async def test_a_delivery_no_job_wants_is_closed_ignored_and_recorded_keeping_no_payload(
     tmp_path: Path, inbox: Inbox, db: StateDB
 ) -> None:
-    """accept(..., ignored=reason) keeps the payload, records `wake ignored`, and its row is
-    closed at once: nothing is queued for the dispatcher."""
+    """accept(..., ignored=reason) records `wake ignored` (intake's batch form, naming the
+    delivery and its reason) and closes its row at once; it keeps no payload: no segment is
+    written, the row names none, and reading it back says why."""
     outcome = await inbox.accept(_delivery(), ignored="no job of route 'github' matches")
 
     assert isinstance(outcome, Accepted) and outcome.ignored is not None
     [row] = await _rows(db)
     assert (row.status, row.note) == ("ignored", "no job of route 'github' matches")
+    assert (row.file, row.payload_at, row.payload_bytes) == ("", None, None)
+    assert not inbox.root.exists() or _names(inbox) == []  # no line, no segment
     assert await inbox.due(to_us(T0) + 1) == []
-    assert await inbox.load(row) == _delivery()
+    with pytest.raises(InboxError, match="keeps no payload: it was closed ignored at intake"):
+        await inbox.load(row)
     [record] = _audit(tmp_path).records()
     assert record.human_line().split()[2:] == ["wake", "ignored", "refused", "github", "-"]
-    assert (record.details["delivery"], record.details["reason"]) == (
-        "guid-1:hook-1", "no job of route 'github' matches")
+    assert record.details == {"route": "github", "count": 1, "deliveries": [{
+        "delivery": "guid-1:hook-1", "event": "pull_request", "action": "opened",
+        "received_at": T0.isoformat(), "attempt": 1,
+        "reason": "no job of route 'github' matches"}]}
+
+
+async def test_a_burst_no_job_wants_is_recorded_in_batches_naming_each_delivery_once(
+    tmp_path: Path, inbox: Inbox, db: StateDB
+) -> None:
+    """Deliveries no job wants that arrive together share `wake ignored` records, one per
+    route and at most a hundred deliveries, each delivery named exactly once with its own
+    reason; deliveries that may run, in the same batches, keep their lines."""
+    unwanted = [(_delivery(f"skip-{n}:h", route="github" if n % 3 else "other"),
+                 "author association NONE is not allowed" if n % 2 else "no job matches")
+                for n in range(450)]
+    wanted = [_delivery(f"want-{n}:h") for n in range(5)]
+
+    await asyncio.gather(*(inbox.accept(d, ignored=why) for d, why in unwanted),
+                         *(inbox.accept(d) for d in wanted))
+
+    records = [r for r in _audit(tmp_path).records() if r.event == "ignored"]
+    assert len(records) < len(unwanted) / 50  # in batches, not one each
+    assert all(r.details["count"] == len(r.details["deliveries"]) <= 100
+               and r.subject == r.details["route"] for r in records)
+    named = [(d.route, d.key, d.reason) for r in records for d in ignored_in(r.details)]
+    assert sorted(named) == sorted((d.route, d.key, why) for d, why in unwanted)
+    rows = await _rows(db)
+    assert {r.key for r in rows if r.file == ""} == {d.key for d, _ in unwanted}
+    assert [r.key for r in rows if r.status == "queued"] == [d.key for d in wanted]
+    queued = [r for r in rows if r.status == "queued"]
+    assert [await inbox.load(r) for r in queued] == wanted
+    lines = b"".join((inbox.root / name).read_bytes() for name in _names(inbox))
+    assert lines.count(b"\n") == len(wanted) and b"skip-" not in lines
 
 
 async def test_a_line_whose_row_never_came_is_closed_by_what_the_register_shows(
     tmp_path: Path, inbox: Inbox, db: StateDB
 ) -> None:
-    """A crash after `wake ignored` was recorded but before the rows: recovery closes the wake
-    as ignored (not queued to be ignored, and recorded, twice)."""
+    """A crash after the records but before the rows: recovery queues the line of what may
+    run, and closes as ignored a line the register shows ignored one at a time (the
+    dispatcher's form, or intake's before batches); a delivery intake closed ignored left no
+    line and is not restored, and its retry gets its row, not a second `wake ignored`."""
     await inbox.accept(_delivery("wanted:h"))
+    await inbox.accept(_delivery("dispatched:h"))
+    await _audit(tmp_path).record("wake", "ignored", "refused", subject="github", details={
+        "route": "github", "delivery": "dispatched:h", "reason": "no job matches"})
     await inbox.accept(_delivery("unwanted:h"), ignored="no job matches")
     await db.execute("DELETE FROM wakes")
     history = RunHistory.from_register(_audit(tmp_path))
+    restarted = Inbox(tmp_path / "inbox", db, clock=_Clock(), audit=_audit(tmp_path))
 
-    restored = await inbox.recover(history.ran_as, history.ignored)
+    restored = await restarted.recover(history.ran_as, history.ignored)
+    again = await restarted.accept(_delivery("unwanted:h"), ignored="no job matches")
 
-    assert [(r.key, r.ignored) for r in restored] == [("wanted:h", False), ("unwanted:h", True)]
-    assert {r.key: r.status for r in await _rows(db)} == {"wanted:h": "queued",
-                                                           "unwanted:h": "ignored"}
-    assert await inbox.recover(history.ran_as, history.ignored) == []
+    assert [(r.key, r.ignored) for r in restored] == [("wanted:h", False),
+                                                      ("dispatched:h", True)]
+    assert isinstance(again, Accepted) and again.ignored == "no job matches"
+    assert {r.key: r.status for r in await _rows(db)} == {
+        "wanted:h": "queued", "dispatched:h": "ignored", "unwanted:h": "ignored"}
+    assert _ignored(tmp_path) == ["dispatched:h", "unwanted:h"]
+    assert await restarted.recover(history.ran_as, history.ignored) == []
 
 
 async def test_a_batch_whose_fsync_fails_is_refused_whole_and_the_next_starts_a_new_segment(
@@ -561,21 +612,26 @@ async def test_a_batch_whose_fsync_fails_is_refused_whole_and_the_next_starts_a_
     assert await inbox.recover() == []  # what failed was cut back: nothing comes back
 
 
-async def test_a_delivery_no_job_wants_whose_segment_fsync_fails_is_recorded_once_when_retried(
+async def test_a_delivery_no_job_wants_in_a_batch_whose_fsync_fails_is_recorded_once_retried(
     tmp_path: Path, db: StateDB, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`wake ignored` is recorded once the segment is fsynced: when that fsync fails, the
-    sender hears InboxError (503) and the register names no delivery that was never stored;
-    its retry, in the same process or after a restart that reads the register, gets its row,
-    closed ignored, and one record."""
+    """`wake ignored` is recorded once its batch's segment is fsynced: when that fsync (of a
+    delivery that may run beside it) fails, both hear InboxError (503) and the register names
+    no delivery that was answered 503; the unwanted one's retry, in the same process or after
+    a restart that reads the register, gets its row, closed ignored, and one record. Alone,
+    an unwanted delivery needs no segment: the failing disk does not refuse it."""
     inbox = Inbox(tmp_path / "inbox", db, clock=_Clock(), audit=_audit(tmp_path))
+    await inbox.accept(_delivery("before:h"))  # the segment exists: its fsync is what fails
     trigger = tmp_path / "fsync-fails"
     trigger.write_text(str(inbox.root))
     monkeypatch.setenv("BOTHY_FAULT_FSYNC", str(trigger))
     for key in ("same-process:h", "after-restart:h"):
-        with pytest.raises(InboxError, match="Input/output error"):
-            await inbox.accept(_delivery(key), ignored="no job matches")
-    assert list(_audit(tmp_path).records()) == []  # refused 503: nothing said of them
+        failed = await asyncio.gather(
+            inbox.accept(_delivery(f"wanted-{key}")),
+            inbox.accept(_delivery(key), ignored="no job matches"), return_exceptions=True)
+        assert all(isinstance(f, InboxError) and "Input/output error" in str(f) for f in failed)
+    assert _ignored(tmp_path) == []  # refused 503: nothing said of them
+    alone = await inbox.accept(_delivery("alone:h"), ignored="no job matches")
     trigger.unlink()
 
     again = await inbox.accept(_delivery("same-process:h"), ignored="no job matches")
@@ -584,12 +640,13 @@ async def test_a_delivery_no_job_wants_whose_segment_fsync_fails_is_recorded_onc
     await restarted.recover(history.ran_as, history.ignored)
     after = await restarted.accept(_delivery("after-restart:h"), ignored="no job matches")
 
+    assert isinstance(alone, Accepted) and alone.ignored == "no job matches"
     assert isinstance(again, Accepted) and again.ignored == "no job matches"
     assert isinstance(after, Accepted) and after.ignored == "no job matches"
-    assert {r.key: r.status for r in await _rows(db)} == {"same-process:h": "ignored",
-                                                           "after-restart:h": "ignored"}
-    assert sorted(r.details["delivery"] for r in _audit(tmp_path).records()) == [
-        "after-restart:h", "same-process:h"]
+    assert {r.key: r.status for r in await _rows(db)} == {
+        "before:h": "queued", "alone:h": "ignored", "same-process:h": "ignored",
+        "after-restart:h": "ignored"}
+    assert sorted(_ignored(tmp_path)) == ["after-restart:h", "alone:h", "same-process:h"]
 
 
 async def test_a_delivery_no_job_wants_sent_again_while_its_first_copy_commits_is_recorded_once(
@@ -611,5 +668,5 @@ async def test_a_delivery_no_job_wants_sent_again_while_its_first_copy_commits_i
     assert sum(isinstance(o, Accepted) for o in outcomes) == deliveries
     rows = await _rows(db)
     assert (len(rows), {r.status for r in rows}) == (deliveries, {"ignored"})
-    recorded = sorted(r.details["delivery"] for r in _audit(tmp_path).records())
+    recorded = sorted(_ignored(tmp_path))
     assert recorded == sorted(f"guid-{n}:h" for n in range(deliveries))

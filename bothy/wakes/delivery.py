@@ -8,7 +8,10 @@ UTF-8, else base64). The inbox appends that document as one line of a segment
 blocking, always called through ``asyncio.to_thread``).
 
 What a wake's own records say of it (``wake received``, ``wake ignored``…) starts with
-:func:`wake_details`, the one place that says it.
+:func:`wake_details`, the one place that says it. A ``wake ignored`` comes in two forms:
+one delivery (the dispatcher's, a schedule's, and intake's before batches), or intake's batch
+of up to :data:`IGNORED_PER_RECORD` deliveries of one route
+(:func:`ignored_batch_details`); every reader takes both through :func:`ignored_in`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -69,6 +73,55 @@ def wake_details(route: str, event: str, action: str | None, key: str, received_
     """The details every record of a wake starts with (the one place that says them)."""
     return {"route": route, "event": event, "action": action, "delivery": key,
             "received_at": from_us(received_us).isoformat(), "attempt": attempt}
+
+
+IGNORED_PER_RECORD = 100  # deliveries named by one batch `wake ignored` (~30 KB of details)
+
+
+@dataclass(frozen=True)
+class IgnoredDelivery:
+    """One delivery a ``wake ignored`` record closes: its route, its key, and why."""
+
+    route: str
+    key: str
+    reason: str | None
+
+
+def ignored_batch_details(
+    route: str, deliveries: Sequence[tuple[Delivery, str]]
+) -> list[dict[str, Any]]:
+    """The details of the ``wake ignored`` records that close ``deliveries`` (each with the
+    reason no job wants it) of ``route`` at intake: one record per
+    :data:`IGNORED_PER_RECORD`, each naming every delivery it closes, in order."""
+    return [{"route": route, "count": len(chunk), "deliveries": [
+                {**_without_route(delivery_details(delivery)), "reason": reason}
+                for delivery, reason in chunk]}
+            for chunk in (deliveries[start:start + IGNORED_PER_RECORD]
+                          for start in range(0, len(deliveries), IGNORED_PER_RECORD))]
+
+
+def ignored_in(details: Mapping[str, Any]) -> list[IgnoredDelivery]:
+    """Every delivery a ``wake ignored`` record closes, whichever its form: a batch's
+    ``deliveries`` under its ``route``, or the one ``delivery`` of a single record (none for
+    a record that names no delivery, a schedule's whose SOP is gone, or a malformed one)."""
+    route = details.get("route")
+    if not isinstance(route, str):
+        return []
+    batch = details.get("deliveries")
+    if isinstance(batch, list):
+        return [IgnoredDelivery(route, item["delivery"], _reason(item)) for item in batch
+                if isinstance(item, dict) and isinstance(item.get("delivery"), str)]
+    key = details.get("delivery")
+    return [IgnoredDelivery(route, key, _reason(details))] if isinstance(key, str) else []
+
+
+def _without_route(details: dict[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in details.items() if name != "route"}
+
+
+def _reason(details: Mapping[str, Any]) -> str | None:
+    reason = details.get("reason")
+    return reason if isinstance(reason, str) else None
 
 
 def payload_name(route: str, key: str, source: str = WEBHOOK) -> str:

@@ -6,7 +6,10 @@ once, at start-up, and answers which run, if any, already ran a delivery: one wh
 received`` record names it and whose run has a ``run started`` record. A wake's record names
 no run (it has none yet); it carries a ``wake_id`` that the run's own records name in turn
 (see :func:`bothy.engine.run.wake_id_for`). Recovery asks before queueing a payload file that
-has no row (see :meth:`bothy.wakes.inbox.Inbox.recover`).
+has no row (see :meth:`bothy.wakes.inbox.Inbox.recover`), and intake before recording a
+delivery no job wants, which the register may already show ignored: a ``wake ignored`` names
+one delivery or, from intake, a batch of them (:func:`bothy.wakes.delivery.ignored_in` reads
+both).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Iterable, Iterator
 
 from bothy.engine.audit import AuditLog, AuditRecord
 from bothy.errors import AuditIntegrityError
+from bothy.wakes.delivery import ignored_in
 
 
 class RunHistory:
@@ -33,10 +37,8 @@ class RunHistory:
                 ident = wake_id if isinstance(wake_id, str) else record.run_id
                 if isinstance(route, str) and isinstance(key, str) and ident:
                     woken[ident] = (route, key)
-            elif (record.kind, record.event) == ("wake", "ignored"):
-                route, key = record.details.get("route"), record.details.get("delivery")
-                if isinstance(route, str) and isinstance(key, str):
-                    self._ignored.add((route, key))
+            elif (record.kind, record.event) == ("wake", "ignored"):  # one, or intake's batch
+                self._ignored.update((d.route, d.key) for d in ignored_in(record.details))
             elif record.kind == "run" and record.run_id:
                 if isinstance(wake_id, str):
                     wake_of[record.run_id] = wake_id

@@ -2,18 +2,23 @@
 
 A delivery is one line of an append-only segment file under ``$BOTHY_HOME/inbox/``
 (:mod:`bothy.wakes.segments`; 0600 files in a 0700 directory), indexed by one row of the
-``wakes`` table in the state database naming its segment, offset and length. A wake's source
-(``webhook``, ``schedule``, ``chat``…) is part of its identity: the same route and key from
-two sources are two wakes. ``accept`` makes a delivery durable in this order and returns only
-after the last step (contracts.md §7):
+``wakes`` table in the state database naming its segment, offset and length. A delivery no
+job wants keeps no line: nothing will ever run it, so only its row (``file``
+:data:`~bothy.wakes.retention.NO_PAYLOAD`, no offset: to know it again) and its ``wake
+ignored`` are kept. A wake's source (``webhook``, ``schedule``, ``chat``…) is part of its
+identity: the same route and key from two sources are two wakes. ``accept`` makes a delivery
+durable in this order and returns only after the last step (contracts.md §7):
 
 1. a delivery already known (a row with its source, route and key) is a duplicate and gets
    no row: the INSERT of step 4 finds it, or, for one no job wants, a lookup before step 3;
-2. append the payloads to the segment in one write and fsync it (and the directory, for a
-   new segment);
-3. for a delivery no job wants (the listener says so: ``accept(..., ignored=reason)``),
+2. append the payloads of the deliveries that may run to the segment in one write and fsync
+   it (and the directory, for a new segment); a batch of only deliveries no job wants writes
+   and fsyncs no segment;
+3. for the deliveries no job wants (the listener says so: ``accept(..., ignored=reason)``),
    record ``wake ignored`` in the register once step 2 is durable (the known deliveries
-   are looked up while it goes on);
+   are looked up while it goes on): one record per route and up to
+   :data:`~bothy.wakes.delivery.IGNORED_PER_RECORD` deliveries, naming each with its
+   reason, fsynced before step 4;
 4. insert the rows in one statement (its own transaction; WAL with synchronous=FULL, so the
    commit is fsynced): ``queued``, or already closed ``ignored`` with the reason.
 
@@ -24,12 +29,22 @@ Each caller still returns only after the commit holding its row, so nothing is a
 early; if any step fails, every delivery of the batch hears it (InboxError: the sender is
 answered 503 and retries).
 
+So a 200 follows every fsync that covers its delivery: of its line and its row for one
+that may run; of its ``wake ignored`` and its row for one no job wants. A batch that fails
+before its records (its segment's fsync failed) records none: a delivery answered 503 leaves
+no ``wake ignored``.
+
 A crash between 2 and 4 leaves lines without rows. The rows of a segment always cover a
-prefix of it (batches append, and then commit their rows, in the same order), so
-:meth:`Inbox.recover`, run at start-up, reads each segment only past the last line a row
-names, and gives those lines rows — closed if the register shows they already ran, or were
-ignored. A state database restored from an older copy names less of each segment, and
-recovery reads the rest the same way.
+prefix of it (batches append, and then commit their rows, in the same order; a row without
+a line names none), so :meth:`Inbox.recover`, run at start-up, reads each segment only past
+the last line a row names, and gives those lines rows — closed if the register shows they
+already ran, or were ignored (by the dispatcher). A state database restored from an older
+copy names less of each segment, and recovery reads the rest the same way. A crash between
+3 and 4 leaves ``wake ignored`` records whose deliveries have no row and no line: nothing
+was answered, the sender sends them again, and each retry gets its row and no second
+record (intake asks :class:`~bothy.wakes.history.RunHistory`, read at start-up, through
+``recover``'s ``ignored_as``). A delivery no job wants that was never sent again is known by
+its record alone.
 
 Deliveries stored by an older Bothy, one file each (``<sha256(route NUL key)>.json``), are
 still read, recovered and pruned as they were; nothing writes new ones.
@@ -56,10 +71,10 @@ from bothy.groupcommit import GroupCommit
 from bothy.wakes.delivery import (
     Delivery,
     decode_payload_file,
-    delivery_details,
     encode_payload_file,
-    )
-from bothy.wakes.retention import FINISHED, Retention
+    ignored_batch_details,
+)
+from bothy.wakes.retention import FINISHED, NO_PAYLOAD, Retention
 from bothy.wakes.segments import Segments, Span
 from bothy.wakes.unindexed import read_payload_file, unindexed
 
@@ -107,8 +122,9 @@ class Reinserted:
 @dataclass(frozen=True)
 class WakeRow:
     """One row of the ``wakes`` table. ``file`` is the payload's segment (or, for one stored
-    by an older Bothy, its own file) in the inbox directory; ``payload_at`` and
-    ``payload_bytes`` where its line is in the segment (None for a file of its own)."""
+    by an older Bothy, its own file) in the inbox directory, or ``NO_PAYLOAD`` for one closed
+    ignored at intake (it keeps none); ``payload_at`` and ``payload_bytes`` where its line is
+    in the segment (None for a file of its own, or no payload)."""
 
     id: int
     source: str
@@ -194,17 +210,17 @@ class Inbox:
             ) from exc
 
     async def _commit(self, batch: list[_Taken]) -> list[Accepted | Duplicate]:
-        """Steps 1–4 for a whole batch: one segment fsync, the register's records of what was
-        ignored (one commit of theirs), one INSERT.
+        """Steps 1–4 for a whole batch: one segment fsync of the lines of what may run (none
+        when nothing may), the register's records of what was ignored (one commit of theirs),
+        one INSERT.
 
         Known deliveries are found by the INSERT itself (ON CONFLICT: no row), and only then
         looked up for their wake id; in a batch holding deliveries no job wants, they are
         looked up beside the segment's write and fsync, and what is left of those is recorded
-        once the batch's lines are durable: a delivery answered 503 (its fsync failed) leaves
-        no `wake ignored` naming it. A known
-        delivery's line is written for nothing: it gets no row, and recovery, meeting it past
-        a segment's rows, gives it none (its row is there) or closes it by what the register
-        shows.
+        once the batch's lines are durable: a delivery answered 503 (its batch's fsync failed)
+        leaves no `wake ignored` naming it. A known delivery that may run has its line written
+        for nothing: it gets no row, and recovery, meeting it past a segment's rows, gives it
+        none (its row is there) or closes it by what the register shows.
         """
         # Up to _IN_FLIGHT commits are under way; each takes its turns in the order it started.
         appending, recording, inserting = (
@@ -213,7 +229,9 @@ class Inbox:
             first: dict[tuple[str, str, str], _Taken] = {}
             for taken in batch:
                 first.setdefault(_ident(taken.delivery), taken)
-            lines = [encode_payload_file(t.delivery) + b"\n" for t in first.values()]
+            # Only what may run keeps its payload: nothing will ever read one closed ignored.
+            kept = [t for t in first.values() if t.ignored is None]
+            lines = [encode_payload_file(t.delivery) + b"\n" for t in kept]
             if any(t.ignored is not None for t in first.values()):
                 append = asyncio.ensure_future(self._append(appending, lines))
                 appended, looked_up = await asyncio.gather(
@@ -228,8 +246,9 @@ class Inbox:
             else:  # the INSERT finds the known ones (ON CONFLICT), and they are looked up then
                 recording.release()
                 spans, known = await self._append(appending, lines), {}
-            fresh = [(taken, span) for (ident, taken), span
-                     in zip(first.items(), spans, strict=True) if ident not in known]
+            where = dict(zip((_ident(t.delivery) for t in kept), spans, strict=True))
+            fresh = [(taken, where.get(ident)) for ident, taken in first.items()
+                     if ident not in known]
             async with inserting:
                 ids = await self._insert(fresh) if fresh else {}
                 inserted = {_ident(t.delivery) for t, _ in fresh}
@@ -252,8 +271,11 @@ class Inbox:
         return outcomes
 
     async def _append(self, turn: _Turn, lines: list[bytes]) -> list[Span]:
-        """The batch's lines, written and fsynced in its turn."""
+        """The batch's lines, written and fsynced in its turn; a batch of none (all of it
+        closed ignored) touches no segment."""
         async with turn:
+            if not lines:
+                return []
             return await asyncio.to_thread(self._segments.append, lines)
 
     async def _known_then_record(
@@ -292,22 +314,36 @@ class Inbox:
         return {(row["source"], row["route"], row["key"]): int(row["id"]) for row in rows}
 
     async def _record_ignored(self, ignored: list[_Taken]) -> None:
-        """``wake ignored`` for each delivery no job wants, before its row says so: a crash
-        between leaves the record, and recovery closes the wake by it (never twice). One the
-        register already holds (an earlier attempt failed after it, or before its line was
-        durable: it was answered 503, or not at all) is not recorded again."""
+        """``wake ignored`` for the deliveries no job wants, before their rows say so: one
+        record per route and :data:`~bothy.wakes.delivery.IGNORED_PER_RECORD` deliveries,
+        naming each with its reason. A crash between leaves the records and no row (and no
+        payload line): the sender, answered nothing, sends it again, and its retry gets its
+        row without a second record (``_ignored_before``: the register read at start-up). One
+        the register already holds (an earlier attempt failed after it, or before its batch
+        was durable: it was answered 503, or not at all) is not recorded again."""
         todo = [t for t in ignored if _ident(t.delivery) not in self._recorded
                 and not any(_ident(t.delivery) in rows for rows in self._inserted)
                 and not self._ignored_before(t.delivery.route, t.delivery.key)]
         if not todo:
             return
+        by_route: dict[str, list[_Taken]] = {}
+        for taken in todo:
+            by_route.setdefault(taken.delivery.route, []).append(taken)
+        records: list[NewRecord] = []
+        covers: list[list[_Taken]] = []  # the deliveries each record closes
+        for route, takens in by_route.items():
+            at = 0
+            for details in ignored_batch_details(
+                    route, [(t.delivery, t.ignored or "") for t in takens]):
+                records.append(NewRecord("wake", "ignored", "refused", subject=route,
+                                         details=details))
+                covers.append(takens[at:at + details["count"]])
+                at += details["count"]
         # One submission of the batch's records (no task for each: a commit of theirs).
-        written = await self._audit.record_all([
-            NewRecord("wake", "ignored", "refused", subject=t.delivery.route,
-                      details={**delivery_details(t.delivery), "reason": t.ignored})
-            for t in todo])
-        self._recorded.update(_ident(t.delivery) for t, outcome in zip(todo, written, strict=True)
-                              if not isinstance(outcome, Exception))
+        written = await self._audit.record_all(records)
+        for takens, outcome in zip(covers, written, strict=True):
+            if not isinstance(outcome, Exception):
+                self._recorded.update(_ident(t.delivery) for t in takens)
         for outcome in written:
             if isinstance(outcome, Exception):
                 raise outcome
@@ -329,7 +365,7 @@ class Inbox:
             closed = taken.ignored is not None
             params += [delivery.source, delivery.route, delivery.key, delivery.event,
                        delivery.action, "ignored" if closed else "queued", received_us,
-                       received_us, span.segment if span is not None else file,
+                       received_us, _place(span, file),
                        span.offset if span is not None else None,
                        span.length if span is not None else None, taken.ignored,
                        closed_us if closed else None]
@@ -399,6 +435,9 @@ class Inbox:
     async def load(self, wake: WakeRow) -> Delivery:
         """The delivery of ``wake``, read back from its segment (or file); its body byte for
         byte."""
+        if wake.file == NO_PAYLOAD:
+            raise InboxError(f"Wake {wake.id} ({wake.route} {wake.key}) keeps no payload: it"
+                             " was closed ignored at intake")
         if wake.payload_at is None or wake.payload_bytes is None:
             return await read_payload_file(self.root, wake.file)
         span = Span(wake.file, wake.payload_at, wake.payload_bytes)
@@ -547,6 +586,14 @@ class _Turn:
     def _after(self, before: asyncio.Future[None]) -> None:
         if not self.done.done():
             self.done.set_result(None)
+
+
+def _place(span: Span | None, file: str | None) -> str:
+    """A row's ``file``: its line's segment, an older Bothy's file of its own, or, for one
+    closed ignored at intake, :data:`NO_PAYLOAD` (no segment, no offset)."""
+    if span is not None:
+        return span.segment
+    return file if file is not None else NO_PAYLOAD
 
 
 def _ident(delivery: Delivery) -> tuple[str, str, str]:

@@ -13,6 +13,8 @@ forgotten, so that the inbox does not grow without bound on a site that runs for
   database restored from an older copy would point its rows at the new one's lines);
 - lines that never got a row (a batch answered 503) go with their segment; a segment with no
   row at all goes once its file is older than the cut-off;
+- a delivery closed ignored at intake keeps no payload (its row's ``file`` is
+  :data:`NO_PAYLOAD`, with no offset): only its row is kept, to know it again, and goes alone;
 - payload files of an older Bothy (one per delivery) go as before, with the temporary files
   it left.
 
@@ -36,6 +38,7 @@ from bothy.wakes.delivery import remove_payload_files
 from bothy.wakes.segments import Segments
 
 FINISHED = ("done", "ignored", "abandoned")  # the statuses of a wake that will not run again
+NO_PAYLOAD = ""  # the file of a row that keeps no payload (closed ignored at intake)
 _DELETE_CHUNK = 500  # ids per DELETE statement, well under SQLite's 32,766 variables
 _PRUNE_EVERY_S = 3600.0
 _FINISHED_US = "COALESCE(finished_us, received_us)"  # rows closed before finish times were kept
@@ -108,7 +111,8 @@ class Retention:
         try:
             gone = await asyncio.to_thread(self._prune_segments, indexed, older_than_us)
             await asyncio.to_thread(
-                remove_payload_files, self._root, [row["file"] for row in files], older_than_us)
+                remove_payload_files, self._root,
+                [row["file"] for row in files if row["file"] != NO_PAYLOAD], older_than_us)
         except OSError as exc:
             raise InboxError(f"Cannot remove old payloads from {self._root}: {exc}") from exc
         ids = [int(row["id"]) for row in files]
