@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bothy.wakes.delivery import ignored_in
 from tests.fakes import github
 from tests.fakes.model_server import ModelServer, text
 from tests.fakes.shell import DEADLINE_S, Shell, until
@@ -88,7 +89,13 @@ def _unresolved(site: Site, want: set[str]) -> set[str]:
 
 
 def _ignored(site: Site) -> Counter[str]:
-    return Counter(str(r.details["delivery"]) for r in records(site, "wake", "ignored"))
+    """Delivery key → how many times the register closes it as ignored (either form)."""
+    return Counter(d.key for r in records(site, "wake", "ignored") for d in ignored_in(r.details))
+
+
+def _kept_payloads(site: Site) -> bytes:
+    """Every payload line the inbox's segments hold."""
+    return b"".join(p.read_bytes() for p in sorted((site.home / "inbox").glob("wakes-*.seg")))
 
 
 @pytest.mark.codex
@@ -99,7 +106,9 @@ async def test_every_delivery_answered_before_a_sigkill_runs_or_is_ignored_exact
     """A burst of wanted and unwanted deliveries, SIGKILL of `bothy serve` right after the last
     200, a restart: every wanted one ran exactly once (one run that reached a worker) or was
     cut short by the kill and closed out loud (`wake interrupted`), none ran twice; every
-    unwanted one has exactly one `wake ignored`, none both; the chain verifies."""
+    unwanted one is named by exactly one `wake ignored` (intake's records of a batch, a
+    hundred deliveries at most each), none both, and kept no payload line; the chain
+    verifies."""
     site = serve_site(tmp_path, server, pool={"max_workers": 2})
     server.script(*(text(f"Reviewed ({n}).") for n in range(3 * WANTED)))
     wanted = [(f"want-{n}", github.encode(github.pull_request_opened(n + 1)))
@@ -135,6 +144,11 @@ async def test_every_delivery_answered_before_a_sigkill_runs_or_is_ignored_exact
     assert all(ran[key] == 1 for key in want - cut_short)
     assert _ignored(site) == Counter({_key(d): 1 for d, _ in unwanted})
     assert not set(_ignored(site)) & want
+    batches = records(site, "wake", "ignored")
+    assert len(batches) < UNWANTED and all(0 < r.details["count"] <= 100 for r in batches)
+    kept = _kept_payloads(site)
+    assert all(f'"{d}"'.encode() in kept for d, _ in wanted)
+    assert b'"skip-' not in kept  # nothing will run them: no payload kept
     assert verified.code == 0, verified.stdout + verified.stderr
 
 
@@ -204,8 +218,8 @@ async def test_a_delivery_answered_503_after_its_wake_ignored_is_recorded_once_w
 ) -> None:
     """The state database refuses the rows after an unwanted delivery's `wake ignored` was
     recorded: it is answered 503; sent again it is answered 200 ignored, without a second
-    `wake ignored` — in the same `bothy serve`, and after a SIGKILL and a restart (a later
-    delivery's row covering its line, so that only the register says it was recorded)."""
+    `wake ignored` — in the same `bothy serve`, and after a SIGKILL and a restart (it left
+    no row and no payload line: only the register says it was recorded)."""
     site = serve_site(tmp_path, server)
     refuse = ("CREATE TRIGGER refuse BEFORE INSERT ON wakes"
               " BEGIN SELECT RAISE(ABORT, 'the disk is full'); END")
@@ -235,23 +249,30 @@ async def test_a_delivery_answered_503_after_its_wake_ignored_is_recorded_once_w
     with _state(site) as db:
         rows = dict(db.execute("SELECT key, status FROM wakes").fetchall())
     assert rows == {_key(f"again-{n}"): "ignored" for n in range(3)}
+    assert _kept_payloads(site) == b""
 
 
+@pytest.mark.codex
 @pytest.mark.timeout(120)
 async def test_serve_forgets_finished_deliveries_older_than_the_retention_with_their_segments(
     server: ModelServer, tmp_path: Path
 ) -> None:
     """`bothy serve` prunes the inbox: deliveries finished more than
-    `wakes.keep_deliveries_days` ago are forgotten, rows and segment files, at start-up, and
-    recorded `wake pruned`; newer ones and the highest-numbered segment stay; a forgotten one
-    sent again is new."""
+    `wakes.keep_deliveries_days` ago are forgotten, rows and segment files (the payloads of
+    what ran; what was ignored kept only its row), at start-up, and recorded `wake pruned`;
+    newer ones and the highest-numbered segment stay; a forgotten one sent again is new."""
     site = serve_site(tmp_path, server)
+    server.script(*(text(f"Reviewed ({n}).") for n in range(2)))
     async with Shell(site) as shell:
         for attempt in range(2):  # two processes: a segment each
             serving = await _start_serve(shell)
             async with httpx.AsyncClient(timeout=DEADLINE_S) as client:
-                for n in range(3):
+                await _send(client, serving.port, "pull_request",
+                            github.encode(github.pull_request_opened(attempt + 1)),
+                            f"old-{attempt}-w")
+                for n in range(2):
                     await _send(client, serving.port, "push", _push(n), f"old-{attempt}-{n}")
+            await until_count(site, "run", "finished", "ok", attempt + 1)
             assert await serving.stop() == 0
         written = _segments(site)
         with _state(site) as db:  # eight days pass for the first process's
@@ -268,8 +289,8 @@ async def test_serve_forgets_finished_deliveries_older_than_the_retention_with_t
     assert len(written) == 2
     with _state(site) as db:
         keys = sorted(key for (key,) in db.execute("SELECT key FROM wakes"))
-    assert keys == sorted([_key("old-0-0"), *(_key(f"old-1-{n}") for n in range(3))])
-    assert _segments(site)[0] == written[1] and len(_segments(site)) == 2
+    assert keys == sorted([_key("old-0-0"), *(_key(f"old-1-{n}") for n in ("w", 0, 1))])
+    assert _segments(site) == [written[1]]  # (the one sent again keeps no payload)
     assert (again.status_code, again.json()["status"]) == (200, "ignored")  # new, not duplicate
     [pruned] = records(site, "wake", "pruned")
     assert (pruned.details["wakes"], pruned.details["segments"]) == (3, [written[0]])
