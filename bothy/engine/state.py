@@ -116,7 +116,7 @@ CREATE TABLE IF NOT EXISTS wakes (
     next_try_us  INTEGER NOT NULL,
     received_us  INTEGER NOT NULL,
     run_id       TEXT,
-    file         TEXT NOT NULL,
+    file         TEXT NOT NULL,  -- '' (and no payload_at): no payload kept (ignored at intake)
     note         TEXT,
     finished_us  INTEGER,
     payload_at    INTEGER,  -- where its line is in the segment named by file (schema 10),
