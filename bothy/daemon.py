@@ -142,6 +142,10 @@ class Daemon:
         # Started last, once ready (not to slow the start), and ended first (engine/spare.py).
         spare = supervisor.keep_spare() if self._cfg.codex.spare else None
         with recording_stop_signals(self._stop, self._hurry):
+            # Published before `serve ready` is recorded: whoever reads that record and asks
+            # `bothy status` next must find this serve ready, not "not running".
+            self.state = State.READY
+            await asyncio.to_thread(self._publish, State.READY.value)
             await rt.audit.record("serve", "ready", "ok", details={
                 "ports": self.ports, "orphans_ended": len(recovered),
                 "wakes_requeued": wakes.requeued, "wakes_reinserted": wakes.reinserted,
@@ -169,9 +173,8 @@ class Daemon:
         listeners: list[WebhookListener], chat: _Chat | None, schedules: ScheduleRunner,
         spare: Spare | None,
     ) -> None:
-        """Ready until a stop is asked; then stop in reverse start-up order."""
-        self.state = State.READY
-        await asyncio.to_thread(self._publish, "ready")
+        """Ready (and published so) until a stop is asked; then stop in reverse start-up
+        order."""
         polls_stop = asyncio.Event()
         exports_stop = asyncio.Event()
         async with asyncio.TaskGroup() as group, _http_client(self._cfg) as http:
