@@ -206,6 +206,9 @@ class Daemon:
             group.create_task(schedules.keep_synced(polls_stop), name="schedule-sync")
             await self._stop.wait()
             self.state = State.DRAINING
+            # First: from the signal on, no wake is taken. What still arrives while the doors
+            # close (a request under way, a mention) is made durable and runs after a restart.
+            dispatcher.stop_intake()
             if spare is not None:
                 await spare.close()
             for listener in listeners:
@@ -214,7 +217,6 @@ class Daemon:
                 self._web.close()
             await schedules.stop()
             polls_stop.set()
-            dispatcher.stop_intake()
             await intake
             await self._drain(dispatcher)
             exports_stop.set()  # what is still queued is sent by the next start
