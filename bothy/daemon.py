@@ -142,6 +142,10 @@ class Daemon:
         # Started last, once ready (not to slow the start), and ended first (engine/spare.py).
         spare = supervisor.keep_spare() if self._cfg.codex.spare else None
         with recording_stop_signals(self._stop, self._hurry):
+            # Published before `serve ready` is recorded: whoever reads that record and asks
+            # `bothy status` next must find this serve ready, not "not running".
+            self.state = State.READY
+            await asyncio.to_thread(self._publish, State.READY.value)
             await rt.audit.record("serve", "ready", "ok", details={
                 "ports": self.ports, "orphans_ended": len(recovered),
                 "wakes_requeued": wakes.requeued, "wakes_reinserted": wakes.reinserted,
@@ -169,9 +173,8 @@ class Daemon:
         listeners: list[WebhookListener], chat: _Chat | None, schedules: ScheduleRunner,
         spare: Spare | None,
     ) -> None:
-        """Ready until a stop is asked; then stop in reverse start-up order."""
-        self.state = State.READY
-        await asyncio.to_thread(self._publish, "ready")
+        """Ready (and published so) until a stop is asked; then stop in reverse start-up
+        order."""
         polls_stop = asyncio.Event()
         exports_stop = asyncio.Event()
         async with asyncio.TaskGroup() as group, _http_client(self._cfg) as http:
@@ -203,6 +206,9 @@ class Daemon:
             group.create_task(schedules.keep_synced(polls_stop), name="schedule-sync")
             await self._stop.wait()
             self.state = State.DRAINING
+            # First: from the signal on, no wake is taken. What still arrives while the doors
+            # close (a request under way, a mention) is made durable and runs after a restart.
+            dispatcher.stop_intake()
             if spare is not None:
                 await spare.close()
             for listener in listeners:
@@ -211,7 +217,6 @@ class Daemon:
                 self._web.close()
             await schedules.stop()
             polls_stop.set()
-            dispatcher.stop_intake()
             await intake
             await self._drain(dispatcher)
             exports_stop.set()  # what is still queued is sent by the next start

@@ -256,7 +256,8 @@ def test_search_finds_a_note_by_a_word_in_it_and_never_breaks_on_punctuation(
     odd = [store.search(query) for query in QUERIES_WITH_PUNCTUATION]
 
     assert store.search_mode == SearchMode(True, "FTS5 search")
-    assert found.text == f"[{date.today().isoformat()}#1] The deploy of ACME-12 failed on stg-2."
+    today = datetime.now(UTC).date().isoformat()  # notes are kept by UTC day
+    assert found.text == f"[{today}#1] The deploy of ACME-12 failed on stg-2."
     assert found.details == {"tool": "bothy_memory_search", "found": 1, "search": "fts5"}
     assert lowered.details["found"] == 1
     assert all(result == [] for result in odd)
@@ -471,7 +472,7 @@ async def test_memory_show_prints_files_sizes_and_days(tmp_path: Path) -> None:
     shown = await site.bothy("memory", "show")
     as_json = await site.bothy("memory", "show", "--profile", "ops", "--json")
 
-    today = date.today().isoformat()
+    today = datetime.now(UTC).date().isoformat()
     assert (shown.code, shown.stdout) == (0, "\n".join([
         f"memory of profile ops: {store.directory}",
         "  search: FTS5 search",
@@ -494,7 +495,7 @@ async def test_memory_search_finds_acme_12_from_the_cli(tmp_path: Path) -> None:
     as_json = await site.bothy("memory", "search", "acme-12", "--json")
     nothing = await site.bothy("memory", "search", "zebracorn")
 
-    today = date.today().isoformat()
+    today = datetime.now(UTC).date().isoformat()
     assert (shown.code, shown.stdout) == (0, f"ops  {today}#1  The deploy of ACME-12 failed.\n")
     assert json.loads(as_json.stdout)["results"] == [
         {"profile": "ops", "ref": f"{today}#1", "text": "The deploy of ACME-12 failed.",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from tests.fakes.shell import Shell, until
 from tests.fakes.site import Completed, Site
 from tests.test_serve import SECRET, queued, records, serve_site, start_serve
 
+SLOW_DISK = Path(__file__).parent / "fakes" / "slowdisk"
 MINUTE_ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d[+-]\d\d:\d\d"
 
 
@@ -212,6 +214,38 @@ async def test_status_tells_a_running_serve_from_a_killed_one_whose_pid_was_take
     assert "psutil not loaded" in checked.stderr
     assert killed == f"not running (pid {pid} is gone: it did not stop cleanly)"
     assert taken == f"not running (pid {other.pid} is gone: it did not stop cleanly)"
+
+
+@pytest.mark.codex
+async def test_a_serve_is_not_recorded_ready_before_status_can_see_it_ready(
+    server: ModelServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`serve ready` waits for the serve's published state: with the fsync of `serve.json`
+    saying ready held (a slow disk), the register says no `serve ready`; once it is durable,
+    the record follows and status, asked next, shows the serve ready."""
+    monkeypatch.setenv("GH_SECRET", SECRET)
+    site = serve_site(tmp_path, server, codex={"spare": False})
+    hold = tmp_path / "hold"
+    site.extra_env.update({"PYTHONPATH": str(SLOW_DISK),
+                           "FAKE_SLOW_FSYNC_MARK": '"state": "ready"',  # serve.json's form
+                           "FAKE_SLOW_FSYNC_WHILE": str(hold)})
+    hold.touch()
+    async with Shell(site) as shell:
+        command = await shell.start("serve")
+        await until(lambda: (tmp_path / "hold.holding").exists() or not command.running,
+                    "serve.json's fsync held")
+        ready_while_held = records(site, "serve", "ready")
+        hold.unlink()
+        await until(lambda: bool(records(site, "serve", "ready")) or not command.running,
+                    "`serve ready`")
+        shown = await _serve_line(site)
+        command.signal(signal.SIGTERM)
+        stopped = await command.finish()
+
+    assert stopped.code == 0, stopped.stderr
+
+    assert ready_while_held == []
+    assert shown.startswith(f"ready (pid {command.pid}, ports"), shown
 
 
 async def test_status_during_a_repair_still_says_a_killed_serve_is_gone(

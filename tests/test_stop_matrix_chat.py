@@ -43,6 +43,8 @@ RUNS_AFTER = "Bothy is stopping, so this has not started yet: it will run when B
 
 RESTARTED = "Bothy was restarted while it worked on this"
 
+SLOW_DISK = Path(__file__).parent / "fakes" / "slowdisk"
+
 
 def _one_slot(site: Site, *, grace_s: float) -> None:
     site.config["pool"] = {"max_workers": 1}
@@ -121,5 +123,46 @@ async def test_a_mention_made_while_serve_drains_is_kept_and_runs_after_the_rest
 
     assert stopped.code == 0, stopped.stderr
     assert runs_before_restart == 1  # only A: C was kept, not run, by the stopping daemon
+    assert _posts_in(slack, late) == ["C is done."]
+    assert len(server.requests) == 2
+
+
+async def test_a_mention_made_as_the_stop_begins_is_not_taken_by_the_stopping_daemon(
+    tmp_path: Path, server: ModelServer, slack: FakeSlack
+) -> None:
+    """From the signal on, no wake is taken: with the stop held at its first step after the
+    signal (the waiting spare's `spare ended` slow to become durable, before the listeners
+    close), a mention is acked once durable, is not run nor received by the stopping daemon,
+    and is answered once after the restart."""
+    server.script(stall("Looking"), text("C is done."))
+    site = _site(tmp_path, server, slack)
+    _one_slot(site, grace_s=20.0)
+    hold = tmp_path / "hold"
+    site.extra_env.update({"PYTHONPATH": str(SLOW_DISK),
+                           "FAKE_SLOW_FSYNC_MARK": "bothy is stopping",  # `spare ended`'s why
+                           "FAKE_SLOW_FSYNC_WHILE": str(hold)})
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        await until(lambda: bool(records(site, "spare", "started")), "a spare waiting")
+        slack.send_mention(OPERATOR, CHANNEL, "task A")
+        await server.wait_for_requests(1)
+        await until(lambda: len(records(site, "spare", "started")) == 2,
+                    "A on the first spare, the next one waiting")
+        hold.touch()
+        serving.command.signal(signal.SIGTERM)
+        await until((tmp_path / "hold.holding").exists, "the stop under way, held")
+        late = slack.send_mention(OPERATOR, CHANNEL, "task C")
+        await until(lambda: slack.envelopes_acked(late), "C acked while the stop is held")
+        hold.unlink()
+        serving.command.signal(signal.SIGTERM)  # the second: skip the rest of the grace
+        stopped = await serving.command.finish(timeout_s=DEADLINE_S)
+        received_before_restart = [r.subject for r in records(site, "wake", "received")]
+
+        restarted = await start_serve(shell)
+        await until(lambda: "C is done." in _posts_in(slack, late), "C's answer")
+        assert await restarted.stop() == 0
+
+    assert stopped.code == 0, stopped.stderr
+    assert len(received_before_restart) == 1  # only A: C was kept for the restart
     assert _posts_in(slack, late) == ["C is done."]
     assert len(server.requests) == 2

@@ -7,7 +7,8 @@ record to hold is the one being made durable, and, in ``FAKE_SLOW_FSYNC_WHILE``,
 ``os.fsync`` of such a file waits while that file exists, after creating ``<it>.holding`` to
 say so. The write itself is done (readers may see the line); only its fsync, and so the
 caller's await, is held. Nothing of Bothy is replaced: only the OS call every durable write in
-Bothy goes through (bothy/fsync.py).
+Bothy goes through (bothy/fsync.py). A file opened write-only is read back through
+``/proc/self/fd`` (Linux).
 """
 
 from __future__ import annotations
@@ -24,8 +25,14 @@ _POLL_S = 0.01
 def _tail(fd: int) -> bytes:
     try:
         size = os.fstat(fd).st_size
-        return os.pread(fd, _TAIL_BYTES, max(0, size - _TAIL_BYTES))
-    except OSError:  # not a file we can read back: not the register
+        start = max(0, size - _TAIL_BYTES)
+        try:
+            return os.pread(fd, _TAIL_BYTES, start)
+        except OSError:  # opened write-only (a file replaced atomically): read it by its name
+            with open(f"/proc/self/fd/{fd}", "rb") as again:  # (Linux)
+                again.seek(start)
+                return again.read(_TAIL_BYTES)
+    except OSError:  # not a file we can read back (a directory, a pipe)
         return b""
 
 
