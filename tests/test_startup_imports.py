@@ -5,7 +5,8 @@ Each check runs in a fresh interpreter, as serve's process starts: the modules s
 imports for a site with Slack and no schedule, then its schedule timers started on an empty
 table, must not have loaded APScheduler, discord.py or the poller; a schedule in the table loads
 APScheduler for its timer. aiohttp, imported as serve imports it, parses the CA bundle for
-its verifying TLS context only, which still verifies.
+its verifying TLS context only (in a thread, beside the rest of the start), which still
+verifies once the import's future is done.
 """
 
 from __future__ import annotations
@@ -75,11 +76,12 @@ import asyncio, ssl, sys
 from bothy.aiohttpimport import import_aiohttp
 
 before = ssl.SSLContext.set_default_verify_paths
-import_aiohttp()
+trusted = import_aiohttp()
 import aiohttp
 from aiohttp import connector, web
 
 async def main(cert_pem, key_pem):
+    await asyncio.wrap_future(trusted)  # as serve waits, before its first connection
     served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     served.load_cert_chain(cert_pem, key_pem)
     app = web.Application()
