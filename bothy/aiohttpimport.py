@@ -14,10 +14,9 @@ though they run fast: ~10 ms here) and needs no Python: ``set_default_verify_pat
 the GIL while OpenSSL reads the bundle. So :func:`import_aiohttp` does not make it inline:
 once the import is over (nothing touches that context after), a thread of its own loads the
 store while the caller goes on importing and validating, and the returned future is done when
-it is loaded. The caller
-waits for it before anything may open a TLS connection (``bothy serve`` does, before the
-daemon starts: commands/operate.py); a context used before would verify against an empty
-store and refuse every server, never accept one.
+it is loaded. The caller waits for it before anything may open a TLS connection (``bothy
+serve`` does, before the daemon starts: commands/operate.py); a context used before would
+verify against an empty store and refuse every server, never accept one.
 """
 
 from __future__ import annotations
