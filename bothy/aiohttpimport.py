@@ -1,4 +1,5 @@
-"""Importing aiohttp without the CA bundle parse its unverifying TLS context never uses.
+"""Importing aiohttp without the CA bundle parse its unverifying TLS context never uses, and
+with the one its verifying context needs made beside the rest of the start.
 
 aiohttp 3 makes two TLS client contexts when ``aiohttp.connector`` is imported: one that
 verifies (the system's CA store, for every https and wss connection) and one that verifies
@@ -6,32 +7,59 @@ nothing (for a caller's ``ssl=False``), on which it still calls ``set_default_ve
 That second call parses the whole CA bundle again ($SSL_CERT_FILE or OpenSSL's default
 file): ~35 ms of CPU and ~0.85 MB of `bothy serve`'s start here, for certificates a context
 with ``verify_mode`` CERT_NONE never reads (issue 18). :func:`import_aiohttp` imports aiohttp
-with that call skipped for such a context only; the verifying context loads its store as
-before, and ``ssl`` is left as it was.
+with that call skipped for such a context only, and ``ssl`` is left as it was.
+
+The verifying context's own parse is as long again (~11 % of serve's start-up instructions,
+though they run fast: ~10 ms here) and needs no Python: ``set_default_verify_paths`` releases
+the GIL while OpenSSL reads the bundle. So :func:`import_aiohttp` does not make it inline:
+once the import is over (nothing touches that context after), a thread of its own loads the
+store while the caller goes on importing and validating, and the returned future is done when
+it is loaded. The caller waits for it before anything may open a TLS connection (``bothy
+serve`` does, before the daemon starts: commands/operate.py); a context used before would
+verify against an empty store and refuse every server, never accept one.
 """
 
 from __future__ import annotations
 
 import ssl
 import sys
+import threading
+from concurrent.futures import Future
 
 __all__ = ["import_aiohttp"]
 
 
-def import_aiohttp() -> None:
-    """Import aiohttp (once per process; a no-op if it is already imported)."""
+def import_aiohttp() -> Future[None]:
+    """Import aiohttp (once per process; done at once if it is already imported), and load
+    its verifying context's CA store in a thread: the future is done once it is loaded (its
+    exception, if OpenSSL refused the bundle, is the future's)."""
+    trusted: Future[None] = Future()
     if "aiohttp.connector" in sys.modules:
-        return
+        trusted.set_result(None)
+        return trusted
     loading = ssl.SSLContext.set_default_verify_paths
+    verifying: list[ssl.SSLContext] = []
 
-    def unless_verifying_nothing(context: ssl.SSLContext) -> None:
+    def later_unless_verifying_nothing(context: ssl.SSLContext) -> None:
         if context.verify_mode != ssl.CERT_NONE:
-            loading(context)
+            verifying.append(context)
 
     # Replaced for the import only (one thread: serve has started none yet), put back after.
     # (typeshed spells the method's self twice, so no function matches its type.)
-    ssl.SSLContext.set_default_verify_paths = unless_verifying_nothing  # type: ignore[method-assign, assignment]
+    ssl.SSLContext.set_default_verify_paths = later_unless_verifying_nothing  # type: ignore[method-assign, assignment]
     try:
         import aiohttp.connector  # noqa: F401  (imported for its module-level contexts)
     finally:
         ssl.SSLContext.set_default_verify_paths = loading  # type: ignore[method-assign]
+
+    def load() -> None:
+        try:
+            for context in verifying:
+                loading(context)
+        except BaseException as exc:  # (handed to whoever waits, as the import raised it)
+            trusted.set_exception(exc)
+        else:
+            trusted.set_result(None)
+
+    threading.Thread(target=load, name="bothy-ca-store", daemon=True).start()
+    return trusted

@@ -139,8 +139,6 @@ class Daemon:
             clock=rt.clock, on_enqueued=dispatcher.poke,
         )
         missed = await schedules.start()  # queued now, taken once the dispatcher runs below
-        # Started last, once ready (not to slow the start), and ended first (engine/spare.py).
-        spare = supervisor.keep_spare() if self._cfg.codex.spare else None
         with recording_stop_signals(self._stop, self._hurry):
             # Published before `serve ready` is recorded: whoever reads that record and asks
             # `bothy status` next must find this serve ready, not "not running".
@@ -153,6 +151,10 @@ class Daemon:
                 "missed_fires_queued": missed, "chat": self.chat_state,
             })
             _collect_garbage_again()
+            # Made and started last, once ready (not to slow the start, its module's import
+            # included: no run is taken before the dispatcher runs below), and ended first
+            # (engine/spare.py).
+            spare = supervisor.keep_spare() if self._cfg.codex.spare else None
             try:
                 if spare is not None:
                     spare.start()

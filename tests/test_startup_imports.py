@@ -3,9 +3,10 @@ config needs are loaded, for start-up time and idle memory).
 
 Each check runs in a fresh interpreter, as serve's process starts: the modules serve's start
 imports for a site with Slack and no schedule, then its schedule timers started on an empty
-table, must not have loaded APScheduler, discord.py or the poller; a schedule in the table loads
-APScheduler for its timer. aiohttp, imported as serve imports it, parses the CA bundle for
-its verifying TLS context only, which still verifies.
+table, must not have loaded APScheduler, discord.py, the poller, the verification or the
+preflight; a schedule in the table loads APScheduler for its timer. aiohttp, imported as serve
+imports it, parses the CA bundle for its verifying TLS context only (in a thread, beside the
+rest of the start), which still verifies once the import's future is done.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ async def main(root, with_schedule):
         await runner.start()
         timers = sorted(runner.next_fires())
         await runner.stop()
-    print(loaded("apscheduler"), loaded("discord"), loaded("bothy.wakes.poller"), timers)
+    print(loaded("apscheduler"), loaded("discord"), loaded("bothy.wakes.poller"),
+          loaded("bothy.engine.verification"), loaded("bothy.wakes.preflight"), timers)
 
 asyncio.run(main(Path(sys.argv[1]), sys.argv[2] == "1"))
 """
@@ -60,13 +62,15 @@ def test_a_site_without_schedules_never_loads_apscheduler_nor_an_unused_chat_lib
     tmp_path: Path,
 ) -> None:
     """serve's modules for Slack, and its schedule timers on an empty table, leave APScheduler,
-    discord.py and the poller (no poller configured) unloaded."""
-    assert _serve_start(tmp_path, with_schedule=False) == "False False False []"
+    discord.py, the poller (no poller configured), a run's verification and a heartbeat's
+    preflight (no schedule verifies or has one) unloaded."""
+    assert _serve_start(tmp_path, with_schedule=False) == "False False False False False []"
 
 
 def test_a_schedule_in_the_table_loads_apscheduler_for_its_timer(tmp_path: Path) -> None:
-    """With a schedule in the table, its timer is APScheduler's."""
-    assert _serve_start(tmp_path, with_schedule=True) == "True False False ['nightly']"
+    """With a schedule in the table, its timer is APScheduler's (and a heartbeat with no
+    verification and no preflight loads neither)."""
+    assert _serve_start(tmp_path, with_schedule=True) == "True False False False False ['nightly']"
 
 
 _TLS_SCRIPT = """
@@ -75,11 +79,12 @@ import asyncio, ssl, sys
 from bothy.aiohttpimport import import_aiohttp
 
 before = ssl.SSLContext.set_default_verify_paths
-import_aiohttp()
+trusted = import_aiohttp()
 import aiohttp
 from aiohttp import connector, web
 
 async def main(cert_pem, key_pem):
+    await asyncio.wrap_future(trusted)  # as serve waits, before its first connection
     served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     served.load_cert_chain(cert_pem, key_pem)
     app = web.Application()

@@ -210,12 +210,17 @@ async def cmd_daemon(args: argparse.Namespace) -> int:
     # yet the collector would walk it all many times over, ~100 ms here (issue 18). The
     # daemon turns collection back on once it is ready (bothy/daemon.py).
     gc.disable()
+    import asyncio
+
     from bothy.aiohttpimport import import_aiohttp
 
-    import_aiohttp()  # before the daemon's modules: the CA bundle parsed once, not twice
+    # Before the daemon's modules: the CA bundle parsed once, not twice, and in a thread
+    # while the modules below are imported and the config validated (bothy/aiohttpimport.py).
+    trusted = import_aiohttp()
     from bothy.commands.foreground import check_workspace
     from bothy.daemon import Daemon
 
     home, cfg = load()
     check_workspace(home, cfg)  # every run it starts would fail: say which key, and stay down
+    await asyncio.wrap_future(trusted)  # before the daemon can open a TLS connection
     return await Daemon(home, cfg).serve()

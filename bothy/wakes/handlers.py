@@ -47,11 +47,11 @@ from bothy.wakes.jobs import (
     render_ref,
     render_subject,
 )
-from bothy.wakes.preflight import Preflight, PreflightSeen
 from bothy.wakes.reports import Reports
 
 if TYPE_CHECKING:
     from bothy.engine.toolbox import Asker
+    from bothy.wakes.preflight import PreflightSeen
 
 WEBHOOK = "webhook"
 _PREFLIGHT_SHOWN_CHARS = 8000  # of its output, in the heartbeat's prompt
@@ -264,6 +264,8 @@ class ScheduleFires(_Unattended):
         """Run the heartbeat's preflight, keep what it saw, and audit whether it woke the
         model (``heartbeat woken``) or not (``heartbeat quiet``: no run follows)."""
         assert schedule.preflight_argv is not None
+        from bothy.wakes.preflight import Preflight  # (loaded by heartbeats with a preflight)
+
         check = Preflight(schedule.preflight_argv, cwd=self._cfg.workspace,
                           env=build_launch(self._cfg.codex).env)  # verify-cmd's environment
         seen = await check.check(await self._store.preflight_seen(schedule.name))

@@ -22,7 +22,7 @@ import json
 import re
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from bothy.clock import Clock, from_us, to_us
@@ -30,10 +30,12 @@ from bothy.config import Config
 from bothy.engine.checklist import Checklist
 from bothy.engine.run import RunRequest
 from bothy.engine.state import StateDB
-from bothy.engine.verification import Verification
 from bothy.errors import UsageError
 from bothy.home import BothyHome
 from bothy.sops import SopLibrary
+
+if TYPE_CHECKING:
+    from bothy.engine.verification import Verification
 
 SOURCE = "schedule"
 KINDS = ("prompt", "sop", "heartbeat", "dream")
@@ -104,6 +106,8 @@ class Schedule:
     def verification(self) -> Verification | None:
         if self.verify_argv is None and self.verify_regex is None:
             return None
+        from bothy.engine.verification import Verification  # (loaded by schedules that verify)
+
         return Verification(argv=self.verify_argv, regex=self.verify_regex)
 
 
