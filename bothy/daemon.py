@@ -7,7 +7,8 @@ start); while ready, the register's head is published once a day (engine/headpub
 and the inbox forgets what finished over ``wakes.keep_deliveries_days`` ago, hourly
 (wakes/retention.py).
 Shutdown runs in reverse: stop intake (listeners, the schedule timers, then the dispatcher's
-intake) → let in-flight runs finish within ``wakes.shutdown_grace_s`` → ask them to stop (they
+intake; a run with no worker yet withdraws at once, its wake queued again) → let the runs at a
+worker finish within ``wakes.shutdown_grace_s`` → ask them to stop (they
 interrupt, settle and reap their groups) → cancel what is left → disconnect chat (last: the
 runs' answers and the alerts go through it) → final audit record. A second signal skips the
 waits. Signal handlers only record; the main task acts.
@@ -208,8 +209,9 @@ class Daemon:
             group.create_task(schedules.keep_synced(polls_stop), name="schedule-sync")
             await self._stop.wait()
             self.state = State.DRAINING
-            # First: from the signal on, no wake is taken. What still arrives while the doors
-            # close (a request under way, a mention) is made durable and runs after a restart.
+            # First: from the signal on, no wake is taken and no worker starts (the runs that
+            # wait withdraw now; their wakes run after a restart). What still arrives while
+            # the doors close (a request under way, a mention) is made durable, and runs then.
             dispatcher.stop_intake()
             if spare is not None:
                 await spare.close()

@@ -24,7 +24,8 @@ The points, and what holds a delivery there long enough to signal:
   rate-limit windows and held mid-turn; a second delivery is received (``wake received``) and
   waits behind it to be admitted; a third is in the inbox, not yet taken;
 - ``held``: one run mid-turn, one waiting in its lane behind it, one waiting for the slot;
-- ``drain``: as ``held``, then SIGTERM; the signal under test comes within the grace;
+- ``drain``: as ``held``, then SIGTERM: the waiting runs withdraw at once, their wakes queued
+  again; the signal under test comes within the grace, the run mid-turn still at its worker;
 - ``stop-stage``: as ``held`` with each run tied to a Cairn task, then SIGTERM: the grace
   passes, the waiting runs withdraw, the run mid-turn is stopped, and the signal under test
   comes while it ends (its note to Cairn, made slow, is under way).
@@ -153,11 +154,17 @@ async def _received(site: Site, serving: Serving, server: ModelServer) -> Reache
 
 async def _in_the_drain(site: Site, serving: Serving, server: ModelServer) -> Reached:
     """As `_held`, then SIGTERM: the signal under test comes while the daemon drains (the
-    grace is long here: nothing has been asked to stop yet)."""
+    grace is long here). The waiting runs withdrew at the first signal, their wakes queued
+    again; the run mid-turn keeps its worker: nothing has been asked to stop yet."""
     reached = await _held(site, serving, server)
     serving.command.signal(signal.SIGTERM)
     await until(lambda: not accepting(serving.port), "the listener closed on SIGTERM")
-    assert records(site, "wake", "requeued") == []  # still within the grace
+    await until_count(site, "wake", "requeued", "pending", len(reached.waiting))
+    assert {str(r.details["delivery"]) for r in records(site, "wake", "requeued")} \
+        == reached.waiting
+    assert records(site, "run", "finished", "ok") == []  # the held run still works
+    assert records(site, "worker", "stopped") == []
+    assert records(site, "serve", "stopped") == []  # still within the grace
     return reached
 
 
@@ -207,7 +214,9 @@ POINTS: dict[str, Point] = {
                       rate_limits=LEARNING),
     "held": Point(_held),
     "just-started": Point(_just_started),
-    "drain": Point(_in_the_drain, grace_s=15.0),
+    # A grace longer than any wait of the test's: what `_in_the_drain` sees came at the
+    # signal, not at the grace's end.
+    "drain": Point(_in_the_drain, grace_s=120.0),
     "stop-stage": Point(_in_the_stop_stage, site=_cairn_slow_to_note,
                         before_restart=_cairn_quick),
 }
@@ -320,6 +329,56 @@ def _assert_reservations_settled_or_expiring(site: Site) -> None:
     assert report["reserved_usd"] == f"{sum(float(h['held_usd']) for h in held):.4f}", report
     if not held:
         assert report["plan"]["reserved_percent"] == 0, report["plan"]
+
+
+# --- a slot that frees during the grace (docs/RUNBOOK.md, SIGTERM) -------------------------
+
+
+@pytest.mark.codex
+@pytest.mark.timeout(120)
+async def test_a_slot_freed_in_the_grace_starts_no_worker_and_the_waiting_runs_run_after(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """SIGTERM with one run mid-turn and two waiting (one in its lane, one for the pool's
+    only slot): the waiting runs withdraw at the signal, their wakes queued again; the run
+    mid-turn finishes within the grace, and the slot it frees starts no worker. After the
+    restart each waiting delivery runs once."""
+    site = serve_site(tmp_path, server, pool={"max_workers": 1},
+                      wakes={"shutdown_grace_s": 15.0})
+    answer = asyncio.Event()
+    server.script(text("Reviewed (1).", after=answer),
+                  *(text(f"Reviewed ({n}).") for n in range(2, 8)))
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        working = await queued(serving, github.pull_request_opened(1))
+        await server.wait_for_requests(1, timeout_s=DEADLINE_S)  # with the model
+        waiting = {await queued(serving, github.pull_request_opened(1, title="A second push")),
+                   await queued(serving, github.pull_request_opened(2))}
+        await until_count(site, "run", "admitted", "ok", 3)
+        serving.command.signal(signal.SIGTERM)
+        await until(lambda: not accepting(serving.port), "the listener closed on SIGTERM")
+        answer.set()  # the run mid-turn ends within the grace: its slot frees
+        stopped = await serving.command.finish(timeout_s=DEADLINE_S)
+        served_out = records(site, "serve", "stopped")
+        started_before = len(records(site, "run", "started"))
+        finished_before = records(site, "run", "finished")
+
+        restarted = await start_serve(shell)
+        await until(lambda: set(_starts(site)) >= {working, *waiting},
+                    "the waiting deliveries run after the restart", timeout_s=SETTLE_S)
+        await until(lambda: _all_finished(site), "no run left in progress", timeout_s=SETTLE_S)
+        assert await restarted.stop() == 0
+
+    assert stopped.code == 0, stopped.stderr
+    assert len(served_out) == 1
+    assert started_before == 1, "a waiting run started a worker after the signal"
+    ended = sorted((r.outcome, delivery_of(site)[str(r.run_id)]) for r in finished_before)
+    assert ended == sorted([("ok", working), *(("cancelled", key) for key in waiting)])
+    requeued = records(site, "wake", "requeued")
+    assert sorted(str(r.details["delivery"]) for r in requeued) == sorted(waiting)
+    assert records(site, "wake", "interrupted") == []
+    assert _starts(site) == Counter({working: 1, **dict.fromkeys(waiting, 1)})
+    assert _in_progress(site) == []
 
 
 # --- a state database restored from an older copy (item 10) --------------------------------

@@ -109,6 +109,21 @@ class Supervisor:
         self._owner_start = process_start_time(os.getpid())
         # Set by the owner (a signal handler) to stop every run of this process gracefully.
         self.stopping = asyncio.Event()
+        # Set at a stop's signal (``close_to_new_workers``): no run starts a worker from then
+        # on; one still waiting withdraws, while the runs at a worker keep working.
+        self._no_new_workers = asyncio.Event()
+
+    def close_to_new_workers(self) -> None:
+        """From now on no run of this process starts a worker: those waiting for a slot or in
+        their lane withdraw at once (woken here), with ``STOPPED_BEFORE_START``; the runs
+        already at a worker are left to finish. :attr:`stopping` implies it."""
+        self._no_new_workers.set()
+        self.pool.freed()  # waiters look now, and withdraw
+
+    @property
+    def closed_to_new_workers(self) -> bool:
+        """Whether a run that has no worker yet must withdraw rather than start one."""
+        return self._no_new_workers.is_set() or self.stopping.is_set()
 
     def keep_spare(self) -> Spare:
         """The spare app-server this supervisor's runs take (``bothy serve``): started with
@@ -252,7 +267,7 @@ class Supervisor:
 
         async def between_tries() -> None:
             nonlocal tries
-            if self.stopping.is_set():
+            if self.closed_to_new_workers:  # the try below withdraws it
                 await self.pool.request_cancel(run_id)
             await self.recovery.sweep()
             if tries:  # before the first try the reservation is fresh: admission just made it
@@ -263,9 +278,9 @@ class Supervisor:
             run_id, between_tries=between_tries, on_wait=lambda w: self._waiting(w, progress)
         )
         if isinstance(claim, Withdrawn):
-            return RunEnd(Outcome.CANCELLED, STOPPED_BEFORE_START if self.stopping.is_set()
-                          else claim.reason)
-        if self.stopping.is_set():  # the slot came as the stop did: no worker starts now
+            return RunEnd(Outcome.CANCELLED, STOPPED_BEFORE_START
+                          if self.closed_to_new_workers else claim.reason)
+        if self.closed_to_new_workers:  # the slot came as the stop did: no worker starts now
             return RunEnd(Outcome.CANCELLED, STOPPED_BEFORE_START)
         if link is not None:
             taken = await self._take_task(run_id, request, link)

@@ -188,14 +188,16 @@ class Dispatcher:
                 pass
 
     def stop_intake(self) -> None:
+        """Take no more wakes, and start no more workers: a run still waiting for a slot or
+        in its lane withdraws now, and its wake is queued again (see ``_handle``) to run once
+        after the restart; the runs at a worker keep the grace to finish."""
         self._intake = False
         self._intake_closed.set()
         self._poke.set()
+        self._supervisor.close_to_new_workers()
 
     def stop_runs(self) -> None:
-        """Ask the in-flight runs to stop: they interrupt their turns, settle, reap groups.
-        A run still waiting for a worker slot withdraws without one, and its wake is queued
-        again (see ``_handle``)."""
+        """Ask the in-flight runs to stop: they interrupt their turns, settle, reap groups."""
         self._supervisor.stopping.set()
         self._supervisor.pool.freed()  # waiters look now, and withdraw
 

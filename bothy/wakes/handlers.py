@@ -120,7 +120,7 @@ class WakeStart:
         """Whether Bothy is stopping and this attempt's run never reached a worker: nothing
         ran, so the dispatcher queues the wake again and it runs after the restart (a handler
         whose wake someone waits for tells them that, not the run's cancellation)."""
-        return (self._supervisor.stopping.is_set()
+        return (self._supervisor.closed_to_new_workers
                 and not await self._supervisor.pool.reached_worker(self.run_id))
 
 
