@@ -23,6 +23,7 @@ from bothy.home import BothyHome
 from bothy.money import format_usd
 
 _TRACES_SHOWN = 5  # runs whose trace waits, listed by name (the rest counted)
+_AT_ONCE = "as soon as bothy serve takes it"  # a wake a stop queued again (no time to wait for)
 
 TYPE_CHECKING = False  # typing is for mypy only here (a cold start's milliseconds)
 if TYPE_CHECKING:
@@ -266,12 +267,15 @@ def _rows(db: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[sql
 
 
 def _wakes_waiting(db: sqlite3.Connection, zone: tzinfo) -> list[dict[str, Any]]:
-    """Wakes refused at a gate and queued again for a later try."""
+    """Wakes refused at a gate and queued again for a later try, or queued again by a stop
+    before their run reached a worker (no time: they run as soon as a serve takes them)."""
     rows = _rows(
         db, "SELECT source, route, key, attempts, next_try_us, note FROM wakes"
         " WHERE status = 'queued' AND attempts > 0 ORDER BY next_try_us", ())
     return [{"source": row["source"], "route": row["route"], "key": row["key"],
-             "attempts": row["attempts"], "next_try": minute_iso(row["next_try_us"], zone),
+             "attempts": row["attempts"],
+             "next_try": (minute_iso(row["next_try_us"], zone) if row["next_try_us"] > 0
+                          else _AT_ONCE),
              "note": row["note"]} for row in rows]
 
 

@@ -362,6 +362,7 @@ async def test_a_slot_freed_in_the_grace_starts_no_worker_and_the_waiting_runs_r
         served_out = records(site, "serve", "stopped")
         started_before = len(records(site, "run", "started"))
         finished_before = records(site, "run", "finished")
+        shown = await shell.bothy("status")  # between the stop and the restart
 
         restarted = await start_serve(shell)
         await until(lambda: set(_starts(site)) >= {working, *waiting},
@@ -379,6 +380,11 @@ async def test_a_slot_freed_in_the_grace_starts_no_worker_and_the_waiting_runs_r
     assert records(site, "wake", "interrupted") == []
     assert _starts(site) == Counter({working: 1, **dict.fromkeys(waiting, 1)})
     assert _in_progress(site) == []
+    # The operator asking in between is told they run at the next start, not at the epoch.
+    assert shown.code == 0, shown.stderr
+    told = sorted(line.split()[2] for line in shown.stdout.splitlines()
+                  if " next try as soon as bothy serve takes it: bothy stopped before" in line)
+    assert told == sorted(waiting), shown.stdout
 
 
 # --- a state database restored from an older copy (item 10) --------------------------------
