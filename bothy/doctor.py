@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import ssl
 import subprocess
 import tempfile
 from collections.abc import Awaitable, Callable
@@ -359,6 +360,30 @@ async def check_codex_home(scene: Scene) -> Finding:
                 f" `codex login`, or set 'codex.home' in {scene.home.config_path}")
 
 
+async def check_trusted_certificates(scene: Scene) -> Finding:
+    """The CA certificates Bothy's TLS connections (Slack, Discord, an https collector) trust:
+    OpenSSL skips a file that is not a PEM bundle without a word, so a wrong
+    ``SSL_CERT_FILE`` would show only as refused connections later."""
+    return await asyncio.to_thread(_trusted, os.environ.get("SSL_CERT_FILE"))
+
+
+def _trusted(named: str | None) -> Finding:
+    source = f"SSL_CERT_FILE={named}" if named else "the system's store"
+    if named and os.path.exists(named) and not os.path.isfile(named):
+        # (a FIFO would hold every TLS start here, and serve's, forever)
+        return warn(f"{source} is not a regular file: point it at a PEM bundle, or unset it")
+    try:
+        count = int(ssl.create_default_context().cert_store_stats()["x509_ca"])
+    except ssl.SSLError as exc:
+        return warn(f"{source} cannot be read as certificates ({exc.reason or exc}): point it"
+                    " at a PEM bundle, or unset it")
+    if count == 0:
+        return warn(f"no CA certificate is trusted ({source}): connections to Slack, Discord or"
+                    " an https collector will be refused; point SSL_CERT_FILE at a PEM bundle,"
+                    " or install the system's (Debian: ca-certificates)")
+    return ok(f"{count} CA certificates ({source})")
+
+
 async def check_prices(scene: Scene) -> Finding:
     if missing := scene.needs_config():
         return missing
@@ -483,6 +508,7 @@ MORE_CHECKS: tuple[tuple[str, CheckFn], ...] = (
     ("config private", check_config_private),
     ("workspace", check_workspace),
     ("codex home", check_codex_home),
+    ("trusted certificates", check_trusted_certificates),
     ("prices", check_prices),
     ("budget mode", check_budget_mode),
     ("chat connections", check_chat_connections),

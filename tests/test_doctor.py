@@ -6,9 +6,11 @@ Every test runs the real CLI against a throwaway site with the pinned codex bina
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
+import certifi
 import pytest
 
 from tests.fakes.codex import codex_binary
@@ -169,3 +171,30 @@ async def test_doctor_names_the_profiles_that_force_the_memory_scan(tmp_path: Pa
 
     assert found["memory FTS5"] == ("ok", "FTS5 search; missing FTS5 uses a case-insensitive"
                                           " scan (profiles forcing the scan: ops)")
+
+
+@pytest.mark.codex
+async def test_doctor_says_when_no_ca_certificate_is_trusted(tmp_path: Path) -> None:
+    """OpenSSL skips an `SSL_CERT_FILE` that holds no certificate without a word, and a FIFO
+    there would hold every TLS start: doctor warns of both, naming the variable and what to
+    do, and counts a real bundle's certificates (certifi's: httpx brings it)."""
+    site = Site(tmp_path, "http://127.0.0.1:9/v1")
+    garbage = tmp_path / "not-a-bundle.pem"
+    garbage.write_text("this is not a certificate\n")
+    fifo = tmp_path / "a-fifo"
+    os.mkfifo(fifo)
+
+    found = {name: checks(await site.bothy("doctor", timeout_s=60.0, SSL_CERT_FILE=str(path)))
+             for name, path in (("garbage", garbage), ("fifo", fifo),
+                                ("bundle", Path(certifi.where())))}
+
+    assert found["garbage"]["trusted certificates"] == (
+        "warn", f"no CA certificate is trusted (SSL_CERT_FILE={garbage}): connections to Slack,"
+                " Discord or an https collector will be refused; point SSL_CERT_FILE at a PEM"
+                " bundle, or install the system's (Debian: ca-certificates)")
+    assert found["fifo"]["trusted certificates"] == (
+        "warn", f"SSL_CERT_FILE={fifo} is not a regular file: point it at a PEM bundle, or"
+                " unset it")
+    status, detail = found["bundle"]["trusted certificates"]
+    assert status == "ok" and re.fullmatch(
+        rf"\d{{2,}} CA certificates \(SSL_CERT_FILE={re.escape(certifi.where())}\)", detail), detail
