@@ -87,17 +87,13 @@ class IgnoredDelivery:
     reason: str | None
 
 
-def ignored_batch_details(
-    route: str, deliveries: Sequence[tuple[Delivery, str]]
-) -> list[dict[str, Any]]:
-    """The details of the ``wake ignored`` records that close ``deliveries`` (each with the
-    reason no job wants it) of ``route`` at intake: one record per
-    :data:`IGNORED_PER_RECORD`, each naming every delivery it closes, in order."""
-    return [{"route": route, "count": len(chunk), "deliveries": [
-                {**_without_route(delivery_details(delivery)), "reason": reason}
-                for delivery, reason in chunk]}
-            for chunk in (deliveries[start:start + IGNORED_PER_RECORD]
-                          for start in range(0, len(deliveries), IGNORED_PER_RECORD))]
+def ignored_batch_details(route: str, deliveries: Sequence[tuple[Delivery, str]]) -> dict[str, Any]:
+    """The details of the one ``wake ignored`` that closes ``deliveries`` (each with the
+    reason no job wants it; at most :data:`IGNORED_PER_RECORD`) of ``route`` at intake,
+    naming every delivery in order."""
+    return {"route": route, "count": len(deliveries), "deliveries": [
+        {**_without_route(delivery_details(delivery)), "reason": reason}
+        for delivery, reason in deliveries]}
 
 
 def ignored_in(details: Mapping[str, Any]) -> list[IgnoredDelivery]:

@@ -69,6 +69,7 @@ from bothy.engine.state import StateDB
 from bothy.errors import BothyError, InboxError
 from bothy.groupcommit import GroupCommit
 from bothy.wakes.delivery import (
+    IGNORED_PER_RECORD,
     Delivery,
     decode_payload_file,
     encode_payload_file,
@@ -332,13 +333,13 @@ class Inbox:
         records: list[NewRecord] = []
         covers: list[list[_Taken]] = []  # the deliveries each record closes
         for route, takens in by_route.items():
-            at = 0
-            for details in ignored_batch_details(
-                    route, [(t.delivery, t.ignored or "") for t in takens]):
+            for start in range(0, len(takens), IGNORED_PER_RECORD):
+                chunk = takens[start:start + IGNORED_PER_RECORD]
+                details = ignored_batch_details(route, [(t.delivery, t.ignored or "")
+                                                        for t in chunk])
                 records.append(NewRecord("wake", "ignored", "refused", subject=route,
                                          details=details))
-                covers.append(takens[at:at + details["count"]])
-                at += details["count"]
+                covers.append(chunk)
         # One submission of the batch's records (no task for each: a commit of theirs).
         written = await self._audit.record_all(records)
         for takens, outcome in zip(covers, written, strict=True):
