@@ -9,6 +9,14 @@ is asked (docs/ARCHITECTURE.md, "The spare"). ``bothy serve`` pays it ahead:
 * it is a process group recorded like a run's worker, in the ``spares`` table with this
   process as its owner, before it is initialized, so that a later Bothy ends it should this
   one die (``engine/recovery.py``);
+* it starts its thread ahead too (``thread/start``, most of what codex does before a run's
+  turn), with the params of the last run's new thread that could be started ahead (one with
+  no dynamic tools and no skill roots: those are the run's own; :meth:`Spare.expect`), at
+  first a plain run's. The run takes that thread only if the thread it would start has equal
+  params (``Worker.take_thread_ahead``); otherwise, or when it resumes a conversation's
+  thread, it starts its own on the spare as before, and the one made ahead is left unused.
+  codex writes a thread's rollout only at its first turn: an unused thread leaves nothing
+  under ``CODEX_HOME`` once its app-server ends (its shell snapshot and lock go with it);
 * it is handed to exactly one run: :meth:`Spare.take` forgets it before its first ``await``,
   so no second run can have it; its row goes once the run has recorded the group as its own
   (:meth:`Spare.run_started`); the next spare is started when that run ends, or a second
@@ -40,7 +48,7 @@ from bothy.engine.audit import AuditLog
 from bothy.engine.launch import Launch
 from bothy.engine.procgroup import GroupRecord, process_start_time
 from bothy.engine.state import StateDB
-from bothy.engine.worker import Worker
+from bothy.engine.worker import ThreadParams, Worker
 from bothy.errors import AppServerError, ProcessGroupError
 
 __all__ = ["CODEX_FILES", "Cold", "Spare", "SpareState"]
@@ -103,9 +111,10 @@ class Spare:
     """
 
     def __init__(self, launch: Launch, *, cwd: Path, db: StateDB, audit: AuditLog,
-                 clock: Clock, grace_s: float) -> None:
+                 clock: Clock, grace_s: float, thread: ThreadParams | None = None) -> None:
         self.launch = launch
         self.cwd = cwd
+        self.thread = thread  # what the next spare's thread is started with; None: no thread
         self._db = db
         self._audit = audit
         self._clock = clock
@@ -152,6 +161,14 @@ class Spare:
         held.worker.marks["taken"] = time.monotonic()
         return held.worker
 
+    def expect(self, launch: Launch, params: ThreadParams) -> None:
+        """A run on ``launch`` starts a new thread with ``params``: the next spare's thread is
+        started so, if it can be made ahead (no dynamic tools nor skill roots: those are the
+        run's own, the one started ahead would never fit it); a spare already held keeps its
+        own thread, taken only by a run it fits."""
+        if launch == self.launch and not params.dynamic_tools and not params.skill_roots:
+            self.thread = params
+
     def start_after(self, delay_s: float) -> None:
         """:meth:`start` in ``delay_s`` (a run's turn is under way: its model request goes out
         first, and the next spare is started while the model works)."""
@@ -191,10 +208,12 @@ class Spare:
 
     async def _bring_up(self, held: _Held) -> bool:
         worker = held.worker
+        plan = self.thread
         try:
             held.record = await worker.start()
             await self._remember(held.record)
             await worker.initialize()
+            ahead = await worker.start_thread_ahead(plan) if plan is not None else None
         except (AppServerError, ProcessGroupError) as exc:
             self._drop(held)
             await self._stop(held, worker.failure(f"it could not start: {exc}"), failed=True)
@@ -208,7 +227,12 @@ class Spare:
             "pgid": held.record.pgid, "leader_pid": held.record.leader_pid,
             "leader_start": held.record.leader_start, "command": self.launch.argv[0],
             "initialize_ms": round((worker.marks["initialized"] - worker.marks["spawn"])
-                                   * 1000, 3)})
+                                   * 1000, 3),
+            **({} if ahead is None else {
+                "thread_id": ahead.info.thread_id, "thread_kept": ahead.params.keep,
+                "thread_sandbox": ahead.params.sandbox,
+                "thread_start_ms": round((worker.marks["thread_started"]
+                                          - worker.marks["thread_start_sent"]) * 1000, 3)})})
         held.state = SpareState.READY  # handed over only once its start is on the register
         held.watch = self._own(self._watch(held))
         return True

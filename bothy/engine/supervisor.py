@@ -44,7 +44,7 @@ from bothy.engine.toolbox import Asker, RunScope, Toolbox
 from bothy.engine.traceids import traceparent
 from bothy.engine.turn import LiveRun, Turn, TurnStream
 from bothy.engine.verdicts import ApprovalStore
-from bothy.engine.worker import ThreadInfo, Worker
+from bothy.engine.worker import ThreadInfo, ThreadParams, Worker
 from bothy.errors import AppServerError, ProcessGroupError
 from bothy.money import format_usd
 
@@ -58,6 +58,10 @@ STOPPED_BEFORE_START = "bothy stopped before the run started (it had no worker y
 # The next spare starts when a run ends or this long after its turn started: after codex has
 # sent the model request (tens of ms), while a real model works (seconds).
 SPARE_AFTER_TURN_S = 1.0
+# A run's thread without a profile's sandbox, and every thread's approval policy (each asked
+# question comes to Bothy's toolbox); the spare's first thread is started with them too.
+_PLAIN_SANDBOX = "read-only"
+_APPROVAL_POLICY = "on-request"
 
 
 Told = Callable[[RunResult], Awaitable[None]]
@@ -127,13 +131,18 @@ class Supervisor:
 
     def keep_spare(self) -> Spare:
         """The spare app-server this supervisor's runs take (``bothy serve``): started with
-        the launch and workspace a run without a profile ``codex_config`` uses. The caller
-        starts it and closes it."""
+        the launch and workspace a run without a profile ``codex_config`` uses, its thread
+        at first as a run without a profile starts one (kept, as a chat conversation's is,
+        when chat is configured); then as the last run's. The caller starts it and closes
+        it."""
         from bothy.engine.spare import Spare
 
+        chat = self._cfg.chat.slack is not None or self._cfg.chat.discord is not None
+        first = ThreadParams(model=self._cfg.codex.model, sandbox=_PLAIN_SANDBOX,
+                             approval_policy=_APPROVAL_POLICY, keep=chat)
         self._spare = Spare(self._launch, cwd=self._cfg.workspace, db=self._db,
                             audit=self._audit, clock=self._clock,
-                            grace_s=self._cfg.limits.stop_grace_s)
+                            grace_s=self._cfg.limits.stop_grace_s, thread=first)
         return self._spare
 
     def _launch_for(self, request: RunRequest) -> Launch:
@@ -472,7 +481,9 @@ class Supervisor:
             await asyncio.shield(started)
         await live.toolbox.start()
         return await self._thread(run_id, request, worker, live.toolbox,
-                                  profile.sandbox if profile else "read-only", started)
+                                  profile.sandbox if profile else _PLAIN_SANDBOX, started,
+                                  tuple(str(root) for root in profile.skills)
+                                  if profile is not None else ())
 
     async def _turned(self, run_id: str, live: LiveRun, admitted: Admitted,
                       thread: ThreadInfo) -> RunEnd:
@@ -493,7 +504,7 @@ class Supervisor:
         finally:
             await asyncio.shield(noting)
         await self._turn_started(run_id, request.subject, thread.model, turn_id, worker,
-                                 thread_id=thread.thread_id)
+                                 thread_id=thread.thread_id, thread=thread)
         if self._spare is not None:  # while the model works (engine/spare.py)
             self._spare.start_after(SPARE_AFTER_TURN_S)
         turn = Turn(run_id, request.subject, thread.thread_id, turn_id, price,
@@ -509,14 +520,19 @@ class Supervisor:
 
     async def _thread(
         self, run_id: str, request: RunRequest, worker: Worker, toolbox: Toolbox, sandbox: str,
-        started: asyncio.Future[None],
+        started: asyncio.Future[None], skill_roots: tuple[str, ...],
     ) -> ThreadInfo:
-        """Resume the conversation's kept thread if there is one, else start a thread."""
+        """Resume the conversation's kept thread if there is one, else take the thread the
+        spare started ahead if it was started as this run's would be, else start a thread."""
+        unused = None
         if request.resume_thread is not None:
+            if worker.thread_ahead is not None:  # never used: the run continues its own
+                worker.thread_ahead = None
+                unused = "the run resumes its conversation's thread"
             try:
                 thread = await worker.resume_thread(
                     request.resume_thread, model=self._cfg.codex.model, sandbox=sandbox,
-                    approval_policy="on-request",
+                    approval_policy=_APPROVAL_POLICY,
                 )
             except AppServerError as exc:
                 await asyncio.shield(started)  # after `run started`, as AUDIT.md orders
@@ -526,11 +542,18 @@ class Supervisor:
                                                   "reason": str(exc)})
             else:
                 self._threads[run_id] = thread.thread_id
-                return thread
-        thread = await worker.start_thread(
-            model=self._cfg.codex.model, sandbox=sandbox, approval_policy="on-request",
-            dynamic_tools=toolbox.dynamic_tools(), keep=request.keep_thread,
-        )
+                return replace(thread, origin="resumed", ahead_unused=unused)
+        params = ThreadParams(model=self._cfg.codex.model, sandbox=sandbox,
+                              approval_policy=_APPROVAL_POLICY, keep=request.keep_thread,
+                              dynamic_tools=tuple(toolbox.dynamic_tools()),
+                              skill_roots=skill_roots)
+        if self._spare is not None:  # the next spare's thread is started as this one's
+            self._spare.expect(self._launch_for(request), params)
+        ahead = worker.take_thread_ahead(params) if worker.thread_ahead else None
+        if isinstance(ahead, ThreadInfo):
+            thread = ahead
+        else:
+            thread = replace(await worker.start_thread(params), ahead_unused=ahead or unused)
         if request.keep_thread:
             self._threads[run_id] = thread.thread_id
         return thread
@@ -571,9 +594,16 @@ class Supervisor:
 
     async def _turn_started(
         self, run_id: str, subject: str, model: str, turn_id: str, worker: Worker,
-        *, thread_id: str,
+        *, thread_id: str, thread: ThreadInfo | None = None,
     ) -> None:
+        """`turn started`, with where the run's time to it went; the run's first turn says how
+        it came by its thread (``thread``: started, resumed, or ahead, started by the spare
+        before the run took it, when the run asked codex for no thread at all)."""
         marks = worker.marks
+        ahead = thread is not None and thread.origin == "ahead"
+        how: dict[str, Any] = {} if thread is None else {"thread": thread.origin}
+        if thread is not None and thread.ahead_unused is not None:
+            how["thread_ahead_unused"] = thread.ahead_unused
         await self._audit.record(
             "turn", "started", "ok", subject=subject, run_id=run_id,
             details={
@@ -587,9 +617,12 @@ class Supervisor:
                 "to_turn_start_ms": round(
                     (marks["turn_start_sent"] - marks.get("taken", marks["spawn"])) * 1000, 3),
                 "turn_start_sent_unix": marks["turn_start_sent_unix"],
-                # Codex's own answers: to the run's thread/start (or resume), to turn/start.
-                "thread_start_ms": _between(marks, "thread_start_sent", "thread_started"),
+                # Codex's own answers: to the run's thread/start (or resume; none for a thread
+                # started ahead, before the run), to turn/start.
+                "thread_start_ms": None if ahead else _between(marks, "thread_start_sent",
+                                                               "thread_started"),
                 "turn_start_ms": _between(marks, "turn_start_sent", "turn_started"),
+                **how,
             },
         )
 

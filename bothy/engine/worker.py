@@ -2,7 +2,9 @@
 
 The worker knows the protocol's request/response calls (initialize, thread/start, turn/start,
 turn/interrupt) and nothing about budgets or policy; what the app-server says on its own
-(notifications, approval requests) lands in the events queue the supervisor drains.
+(notifications, approval requests) lands in the events queue the supervisor drains. A thread
+can be started before any run has the worker (the spare's, :class:`ThreadAhead`): a run takes
+it only if it would have started a thread with the same :class:`ThreadParams`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import collections
 import contextlib
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +37,39 @@ _CONTROL_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x1f\x7f]")
 
 @dataclass(frozen=True)
 class ThreadInfo:
+    """A thread codex answered with; ``origin`` says how the run came by it: ``started``,
+    ``resumed``, or ``ahead`` (the spare started it before the run took it); ``ahead_unused``
+    why a thread started ahead on the same worker was not the run's."""
+
     thread_id: str
     model: str
+    origin: str = "started"
+    ahead_unused: str | None = None
+
+
+@dataclass(frozen=True)
+class ThreadParams:
+    """What a new thread is started with (``thread/start``, and the skill roots set before
+    it): two threads started with equal params are alike, whenever they were started."""
+
+    model: str | None
+    sandbox: str
+    approval_policy: str
+    keep: bool  # saved under CODEX_HOME so that a later run can resume it
+    dynamic_tools: tuple[dict[str, Any], ...] = ()
+    skill_roots: tuple[str, ...] = ()  # set on the app-server before the thread starts
+
+    def differences(self, other: ThreadParams) -> list[str]:
+        """The names of the params in which ``other`` differs from these."""
+        return [f.name for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)]
+
+
+@dataclass(frozen=True)
+class ThreadAhead:
+    """A thread started on an app-server before any run had it, and with what."""
+
+    params: ThreadParams
+    info: ThreadInfo
 
 
 class Worker:
@@ -52,6 +85,7 @@ class Worker:
         self._stderr_task: asyncio.Task[None] | None = None
         self._exit_task: asyncio.Task[None] | None = None
         self._initialized = False
+        self.thread_ahead: ThreadAhead | None = None  # started before a run had the worker
         self.exited = asyncio.Event()  # set once the leader has exited (and been reaped)
         # Monotonic marks of the protocol's first steps, for the trace and the benchmarks.
         self.marks: dict[str, float] = {}
@@ -107,35 +141,48 @@ class Worker:
         self._initialized = True
         return result if isinstance(result, dict) else {}
 
-    async def start_thread(
-        self,
-        *,
-        model: str | None,
-        sandbox: str,
-        approval_policy: str,
-        dynamic_tools: list[dict[str, Any]] | None = None,
-        keep: bool = False,
-    ) -> ThreadInfo:
-        """A new thread; ``keep`` saves it under CODEX_HOME so a later run can resume it."""
-        params: dict[str, Any] = {
+    async def start_thread(self, params: ThreadParams) -> ThreadInfo:
+        """A new thread; ``params.keep`` saves it under CODEX_HOME so that a later run can
+        resume it (its skill roots are the caller's to set first: a resumed thread needs them
+        too)."""
+        body: dict[str, Any] = {
             "cwd": str(self._cwd),
-            "approvalPolicy": approval_policy,
-            "sandbox": sandbox,
-            "ephemeral": not keep,
+            "approvalPolicy": params.approval_policy,
+            "sandbox": params.sandbox,
+            "ephemeral": not params.keep,
         }
-        if model is not None:
-            params["model"] = model
-        if dynamic_tools:
-            params["dynamicTools"] = dynamic_tools
+        if params.model is not None:
+            body["model"] = params.model
+        if params.dynamic_tools:
+            body["dynamicTools"] = list(params.dynamic_tools)
         self.marks["thread_start_sent"] = time.monotonic()
-        result = await self._call("thread/start", params)
+        result = await self._call("thread/start", body)
         self.marks["thread_started"] = time.monotonic()
         thread = result.get("thread") if isinstance(result, dict) else None
         if not isinstance(thread, dict) or not isinstance(thread.get("id"), str):
             raise AppServerError(
                 "'thread/start' answered without a thread id", method="thread/start"
             )
-        return ThreadInfo(thread["id"], str(thread.get("model") or model or "unknown"))
+        return ThreadInfo(thread["id"], str(thread.get("model") or params.model or "unknown"))
+
+    async def start_thread_ahead(self, params: ThreadParams) -> ThreadAhead:
+        """A thread started before any run has this worker (the spare's): the run that takes
+        the worker takes it only if it would start a thread with equal params
+        (:meth:`take_thread_ahead`)."""
+        info = await self.start_thread(params)
+        self.thread_ahead = ThreadAhead(params, replace(info, origin="ahead"))
+        return self.thread_ahead
+
+    def take_thread_ahead(self, params: ThreadParams) -> ThreadInfo | str:
+        """The thread started ahead, if it was started with ``params``; else why not. Either
+        way it is offered once: a later thread of this worker is started as asked."""
+        ahead, self.thread_ahead = self.thread_ahead, None
+        if ahead is None:
+            return "no thread was started ahead"
+        differ = ahead.params.differences(params)
+        if differ:
+            return f"the run's thread differs from the one started ahead in {', '.join(differ)}"
+        return ahead.info
 
     async def resume_thread(
         self, thread_id: str, *, model: str | None, sandbox: str, approval_policy: str
