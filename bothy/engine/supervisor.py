@@ -467,8 +467,9 @@ class Supervisor:
 
     async def _prepared(self, run_id: str, live: LiveRun,
                         started: asyncio.Future[None]) -> ThreadInfo:
-        """Codex initialized (when cold), its skill roots set and the run's thread started or
-        resumed: none of it spends, nor is recorded, before ``started``."""
+        """Codex initialized (when cold), its skill roots set and the run's thread started,
+        resumed or taken (the spare's, started ahead): none of it spends, nor is recorded,
+        before ``started``."""
         request, worker = live.request, live.worker
         if not worker.initialized:  # the spare's was answered before the run took it
             await worker.initialize()
