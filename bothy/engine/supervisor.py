@@ -525,11 +525,7 @@ class Supervisor:
     ) -> ThreadInfo:
         """Resume the conversation's kept thread if there is one, else take the thread the
         spare started ahead if it was started as this run's would be, else start a thread."""
-        unused = None
         if request.resume_thread is not None:
-            if worker.thread_ahead is not None:  # never used: the run continues its own
-                worker.thread_ahead = None
-                unused = "the run resumes its conversation's thread"
             try:
                 thread = await worker.resume_thread(
                     request.resume_thread, model=self._cfg.codex.model, sandbox=sandbox,
@@ -543,6 +539,10 @@ class Supervisor:
                                                   "reason": str(exc)})
             else:
                 self._threads[run_id] = thread.thread_id
+                unused = None
+                if worker.thread_ahead is not None:  # never used: the run continues its own
+                    worker.thread_ahead = None
+                    unused = "the run resumes its conversation's thread"
                 return replace(thread, origin="resumed", ahead_unused=unused)
         params = ThreadParams(model=self._cfg.codex.model, sandbox=sandbox,
                               approval_policy=_APPROVAL_POLICY, keep=request.keep_thread,
@@ -554,7 +554,7 @@ class Supervisor:
         if isinstance(ahead, ThreadInfo):
             thread = ahead
         else:
-            thread = replace(await worker.start_thread(params), ahead_unused=ahead or unused)
+            thread = replace(await worker.start_thread(params), ahead_unused=ahead)
         if request.keep_thread:
             self._threads[run_id] = thread.thread_id
         return thread
@@ -601,7 +601,6 @@ class Supervisor:
         it came by its thread (``thread``: started, resumed, or ahead, started by the spare
         before the run took it, when the run asked codex for no thread at all)."""
         marks = worker.marks
-        ahead = thread is not None and thread.origin == "ahead"
         how: dict[str, Any] = {} if thread is None else {"thread": thread.origin}
         if thread is not None and thread.ahead_unused is not None:
             how["thread_ahead_unused"] = thread.ahead_unused
@@ -620,8 +619,7 @@ class Supervisor:
                 "turn_start_sent_unix": marks["turn_start_sent_unix"],
                 # Codex's own answers: to the run's thread/start (or resume; none for a thread
                 # started ahead, before the run), to turn/start.
-                "thread_start_ms": None if ahead else _between(marks, "thread_start_sent",
-                                                               "thread_started"),
+                "thread_start_ms": _between(marks, "thread_start_sent", "thread_started"),
                 "turn_start_ms": _between(marks, "turn_start_sent", "turn_started"),
                 **how,
             },

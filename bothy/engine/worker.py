@@ -182,6 +182,9 @@ class Worker:
         differ = ahead.params.differences(params)
         if differ:
             return f"the run's thread differs from the one started ahead in {', '.join(differ)}"
+        # The run sent no thread/start: none of its turns is timed against the one made ahead.
+        self.marks.pop("thread_start_sent", None)
+        self.marks.pop("thread_started", None)
         return ahead.info
 
     async def resume_thread(
