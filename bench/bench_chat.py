@@ -18,8 +18,11 @@ Discord adapter a connector that resolves Discord's hosts to the fake Discord in
 same figures, with both connections open; Discord's mention latencies.
 
 In (a) a second `python -m bothy serve` runs beside the first with `codex.spare: false`, on a
-fake Slack of its own, and the mentions go to each in turn: mention → answer less the model,
-with the spare app-server and cold, measured side by side in one run (issue 18). Each mention
+fake Slack of its own, and a third with a spare whose thread made ahead never fits (its chat
+profile offers a tool, which a thread started ahead cannot have: the run starts its own thread
+on the spare, as every run on a spare did before threads were made ahead); the mentions go to
+each in turn: mention → answer less the model, on the spare's thread, on the spare with a
+thread of its own, and cold, measured side by side in one run (issue 18). Each mention
 to the first is sent once its spare is ready again, and every mention half a second after the
 last answer (a person's mentions are further apart than a spare's start). The spare's own
 VmRSS (its process group) is printed beside serve's.
@@ -138,8 +141,10 @@ async def _bench(root: Path) -> None:
     from tests.fakes.slack import FakeSlack
 
     async with (ModelServer() as model, FakeSlack(ack_timeout_s=5.0) as slack,
-                FakeSlack(ack_timeout_s=5.0) as slack_cold):
-        slack_connect_s = await _slack_serve(root / "slack", model, slack, slack_cold)
+                FakeSlack(ack_timeout_s=5.0) as slack_cold,
+                FakeSlack(ack_timeout_s=5.0) as slack_unfit):
+        slack_connect_s = await _slack_serve(root / "slack", model, slack, slack_cold,
+                                             slack_unfit)
         certificates = Certificates.create(made(root / "tls"))
         async with FakeDiscord(certificates) as discord:
             await _both_serve(root / "both", model, slack, discord, certificates,
@@ -149,24 +154,30 @@ async def _bench(root: Path) -> None:
 # ---------------------------------------------------------------- (a) bothy serve with Slack
 
 
-async def _slack_serve(root: Path, model: Any, slack: Any, slack_cold: Any) -> float:
+async def _slack_serve(root: Path, model: Any, slack: Any, slack_cold: Any,
+                       slack_unfit: Any) -> float:
     """(a); returns its `serve starting` → `serve ready` time, for (b) to compare with."""
     site = _site(root / "spare", model, slack=slack)
     cold_site = _site(root / "cold", model, slack=slack_cold, spare=False)
+    unfit_site = _site(root / "unfit", model, slack=slack_unfit, unfit=True)
     print("   (a) `python -m bothy serve`, Slack connected to the fake Slack; beside it a second"
-          " serve with `codex.spare: false` (its own fake Slack), mentions sent to each in turn:",
-          flush=True)
+          " serve with `codex.spare: false` and a third whose chat profile offers a tool (the"
+          " spare's thread made ahead never fits it), each with its own fake Slack, mentions"
+          " sent to each in turn:", flush=True)
     async with _serving(site, ["-m", "bothy", "serve"]) as serve:
         await asyncio.sleep(IDLE_S)  # idle on purpose: the memory of a serve that waits
         idle_mb = _rss_mb(serve.process.pid)
         spare_mb = _spare_rss_mb(site)
-        async with _serving(cold_site, ["-m", "bothy", "serve"]) as cold_serve:
+        async with (_serving(cold_site, ["-m", "bothy", "serve"]) as cold_serve,
+                    _serving(unfit_site, ["-m", "bothy", "serve"]) as unfit_serve):
             await asyncio.sleep(IDLE_S)
             cold_idle_mb = _rss_mb(cold_serve.process.pid)
-            warm, cold = await _side_by_side(
-                model, site, lambda n: _slack_mention(slack, model, n),
-                lambda n: _slack_mention(slack_cold, model, n))
+            warm, unfit, cold = await _side_by_side(model, [
+                (site, lambda n: _slack_mention(slack, model, n)),
+                (unfit_site, lambda n: _slack_mention(slack_unfit, model, n)),
+                (None, lambda n: _slack_mention(slack_cold, model, n))])
             cold_code = await cold_serve.stop()
+            await unfit_serve.stop()
         await asyncio.sleep(IDLE_S)
         after_mb = _rss_mb(serve.process.pid)
         code = await serve.stop()
@@ -182,32 +193,35 @@ async def _slack_serve(root: Path, model: Any, slack: Any, slack_cold: Any) -> f
     _note(f"after {len(warm)} runs and {IDLE_S:g} s idle again: {after_mb:.1f} MB (codex"
           " workers are processes of their own, not counted)")
     _latencies("Slack", site, warm)
+    _latencies("Slack, on the spare, its thread made ahead unfit (a tool)", unfit_site, unfit)
     _latencies("Slack, no spare (cold)", cold_site, cold)
-    warm_p50, cold_p50 = (median([m.overhead_ms for m in ms[1:]]) for ms in (warm, cold))
+    warm_p50, unfit_p50, cold_p50 = (median([m.overhead_ms for m in ms[1:]])
+                                     for ms in (warm, unfit, cold))
     _note(f"side by side: mention → answer − model p50 {warm_p50:.0f} ms on the spare against"
           f" {cold_p50:.0f} ms cold ({cold_p50 - warm_p50:.0f} ms sooner,"
-          f" {warm_p50 / cold_p50:.2f} of cold)")
+          f" {warm_p50 / cold_p50:.2f} of cold); on the spare with a thread of its own"
+          f" {unfit_p50:.0f} ms")
     _note(f"serve exited {code}, the one without a spare {cold_code}, after SIGTERM")
     return serve.ready_s - serve.starting_s
 
 
-async def _side_by_side(model: Any, site: Any, warm_one: Callable[[int], Any],
-                        cold_one: Callable[[int], Any]) -> tuple[list[_Mention], list[_Mention]]:
-    """A mention to the serve with a spare, then one to the serve without, ``MENTIONS + 1``
-    times, each ``APART_S`` after the last answer and each warm one once the spare is ready
-    again: a person's mentions are further apart than a spare's start (~0.2 s here), and
-    codex still works for a while after its initialize answer."""
+async def _side_by_side(model: Any, serves: list[tuple[Any, Callable[[int], Any]]]
+                        ) -> list[list[_Mention]]:
+    """A mention to each serve in turn (a site: it keeps a spare, and its mention waits for it
+    to be ready again; None: it keeps none), ``MENTIONS + 1`` times, each ``APART_S`` after
+    the last answer: a person's mentions are further apart than a spare's start (~0.2 s
+    here), and codex still works for a while after its initialize answer."""
     from tests.fakes.model_server import text
 
-    model.script(*(text(f"Answer {n}.") for n in range(2 * (MENTIONS + 1))))
-    warm, cold = [], []
+    model.script(*(text(f"Answer {n}.") for n in range(len(serves) * (MENTIONS + 1))))
+    mentions: list[list[_Mention]] = [[] for _ in serves]
     for n in range(MENTIONS + 1):
-        await _spare_ready(site, n + 1)
-        await asyncio.sleep(APART_S)
-        warm.append(await warm_one(2 * n))
-        await asyncio.sleep(APART_S)
-        cold.append(await cold_one(2 * n + 1))
-    return warm, cold
+        for k, (site, one) in enumerate(serves):
+            if site is not None:
+                await _spare_ready(site, n + 1)
+            await asyncio.sleep(APART_S)
+            mentions[k].append(await one(len(serves) * n + k))
+    return mentions
 
 
 async def _spare_ready(site: Any, count: int) -> None:
@@ -347,6 +361,19 @@ def _latencies(platform: str, site: Any, mentions: list[_Mention]) -> None:
     _note(f"{taken} of {len(warm)} ran on a spare app-server (started ahead: `→ run started`"
           " then includes no spawn, `→ turn started` no codex initialize); the others spawned"
           " `codex app-server` for the run")
+    if taken:
+        ahead = sum(1 for m in warm if _thread_of(site, m) == "ahead")
+        _note(f"{ahead} of {taken} on the spare took the thread it had started ahead"
+              " (`turn started` thread: ahead); the others started their own on it")
+
+
+def _thread_of(site: Any, mention: _Mention) -> str | None:
+    """How the mention's run came by its thread (`turn started`): ahead, started, resumed."""
+    from tests.fakes.shell import audit_records
+
+    turns = audit_records(site, lambda r: (r.kind, r.event) == ("turn", "started")
+                          and r.subject == mention.subject)
+    return str(turns[0].details.get("thread")) if turns else None
 
 
 def _spare_of(site: Any, mention: _Mention) -> str | None:
@@ -485,17 +512,23 @@ async def _serve_record(site: Any, event: str, gave_up: Callable[[], bool]) -> f
 
 
 def _site(root: Path, model: Any, *, slack: Any, discord: bool = False,
-          spare: bool = True) -> Any:
+          spare: bool = True, unfit: bool = False) -> Any:
+    """A site with Slack (and Discord); ``unfit``: its chat profile offers a tool (bothy_note),
+    so that a mention's thread never fits the one the spare made ahead."""
     from tests.fakes.discord import ALERT_CHANNEL_ID
     from tests.fakes.site import Site
 
     chat: dict[str, Any] = {"slack": {"api_url": slack.api_url,
                                       "allowed_users": [SLACK_OPERATOR]}}
+    profiles: dict[str, Any] = {}
+    if unfit:
+        chat["slack"]["profile"] = "noting"
+        profiles["noting"] = {"tools": ["bothy_note"]}
     if discord:
         chat["discord"] = {"allowed_users": [DISCORD_OPERATOR],
                            "alert_channel": ALERT_CHANNEL_ID}
     return Site(made(root), model.base_url, listen={"tailnet_port": free_port()}, chat=chat,
-                codex={"spare": spare})
+                codex={"spare": spare}, profiles=profiles)
 
 
 def _rss_mb(pid: int) -> float:
