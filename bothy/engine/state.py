@@ -358,12 +358,14 @@ class StateDB:
             raise
 
     async def atomic(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
-        """Run one writing statement as a transaction of its own; return the rows it returns.
+        """Run one statement as a transaction of its own; return the rows it returns.
 
         SQLite makes a single statement atomic, and a writing statement takes the write lock
-        before it reads, as BEGIN IMMEDIATE would. One round trip to the database thread
-        instead of three (BEGIN, the statement, COMMIT): for hot paths such as the inbox's
-        group commit. Takes its turn with :meth:`transaction`; do not call it inside one.
+        before it reads, as BEGIN IMMEDIATE would; a reading one sees one committed snapshot
+        (never another coroutine's transaction half-done: it takes its turn). One round trip
+        to the database thread instead of three (BEGIN, the statement, COMMIT): for hot paths
+        such as the inbox's group commit and the budget gate. Takes its turn with
+        :meth:`transaction`; do not call it inside one.
         """
         async with self._transaction_lock:
             return list(await self._db.execute_fetchall(sql, params))
