@@ -2,9 +2,10 @@
 
 Every connection runs WAL with ``synchronous=FULL`` (a committed gate decision survives a power
 loss, not only a crash: contracts.md §8) and every write that decides something opens with
-``BEGIN IMMEDIATE`` so that several processes see one truth: a deferred transaction that read
-and then writes after another process committed fails at once with SQLITE_BUSY instead of
-waiting (contracts.md §8, "the multi-process trap").
+``BEGIN IMMEDIATE``, or is one writing statement (:meth:`StateDB.atomic`: it takes the write
+lock before it reads), so that several processes see one truth: a deferred transaction that
+read and then writes after another process committed fails at once with SQLITE_BUSY instead
+of waiting (contracts.md §8, "the multi-process trap").
 
 Times are integer microseconds since the epoch (UTC); money is integer micro-dollars.
 """
