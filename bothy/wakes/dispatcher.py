@@ -38,6 +38,7 @@ from bothy.wakes.inbox import Inbox, Reinserted, WakeRow
 from bothy.wakes.jobs import Ignored
 
 _IDLE_POLL_S = 1.0  # retries fall due without anyone poking the dispatcher
+_DUE_PER_LOOK = 50  # wakes taken from one look at the queue
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,8 @@ class Dispatcher:
             # Cleared before looking, not after: a poke that comes while the wakes below are
             # taken is for a wake this look may have missed, and must not be lost.
             self._poke.clear()
-            for wake in await self._inbox.due(to_us(self._clock())):
+            due = await self._inbox.due(to_us(self._clock()), limit=_DUE_PER_LOOK)
+            for wake in due:
                 if not self._intake:
                     break
                 # A fresh run id per attempt (a refused id is spent), named by the claim.
@@ -184,6 +186,8 @@ class Dispatcher:
                     # A stop does not wait for it: an admission that waits on a run in flight
                     # (plan mode's learner) comes only once the stop has stopped that run.
                     await first_of(admitted.wait(), task, self._intake_closed.wait())
+            if len(due) == _DUE_PER_LOOK:
+                continue  # more may be due already: look again now, not at the next poke
             try:
                 async with asyncio.timeout(_IDLE_POLL_S):
                     await self._poke.wait()
