@@ -7,6 +7,7 @@ looks. The in-process tests drive :class:`BudgetGate` with an injected clock.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import signal
@@ -345,6 +346,32 @@ async def test_refused_ticket_names_the_gate_and_every_figure(tmp_path: Path) ->
                                    "requested_usd": "3.00"}
         today = await gate.today()
         assert (today.used_micros, today.reserved_micros) == (40_000_000, 9_000_000)
+
+
+async def test_two_connections_racing_the_gate_never_admit_past_the_ceiling(
+    tmp_path: Path
+) -> None:
+    """Twenty 1.00 tickets raced through two connections (as two processes) at 40 of 50 used:
+    exactly ten admitted, each naming the reservations before it; the rest refused in full."""
+    clock = _Clock("2026-09-24T10:00:00+00:00")
+    db = tmp_path / "bothy.sqlite3"
+    async with _gate(db, clock) as one, _gate(db, clock) as other:
+        await _spend(one, "40.00")
+        decisions = await asyncio.gather(*(gate.admit(_ticket("1.00", f"lane:{n}"))
+                                           for n in range(10) for gate in (one, other)))
+        admitted = [d for d in decisions if isinstance(d, Admitted)]
+        refused = [d for d in decisions if isinstance(d, Refused)]
+
+        assert len(admitted) == 10
+        # Each admission's figures are the moment it was decided: one reservation more each.
+        assert sorted(a.already_reserved_micros for a in admitted) == [
+            n * 1_000_000 for n in range(10)]
+        assert {a.used_micros for a in admitted} == {40_000_000}
+        assert {r.message for r in refused} == {
+            "would reach 51.00 usd against a 50.00 ceiling (40.00 used, 10.00 already"
+            " reserved, 1.00 requested)"}
+        today = await other.today()
+        assert (today.used_micros, today.reserved_micros) == (40_000_000, 10_000_000)
 
 
 async def test_ticket_landing_exactly_on_the_ceiling_is_admitted(tmp_path: Path) -> None:

@@ -311,8 +311,9 @@ async def test_retry_later_counts_attempts_and_forgets_the_spent_run(inbox: Inbo
 
     counts = []
     for n in range(3):
-        assert await inbox.claim(wake_id)
-        await inbox.set_run(wake_id, f"run_20260924T101402Z_0000000{n}")
+        assert await inbox.claim(wake_id, f"run_20260924T101402Z_0000000{n}")
+        [running] = await inbox.in_flight()
+        assert running.run_id == f"run_20260924T101402Z_0000000{n}"
         counts.append(await inbox.retry_later(wake_id, next_try_us=n, note=f"attempt {n + 1}"))
 
     assert counts == [1, 2, 3]
@@ -326,8 +327,7 @@ async def test_finish_closes_a_wake_once(inbox: Inbox, db: StateDB) -> None:
     """A wake finishes once, as done, ignored or abandoned; a second finish is an error."""
     outcome = await inbox.accept(_delivery())
     assert isinstance(outcome, Accepted)
-    assert await inbox.claim(outcome.wake_id)
-    await inbox.set_run(outcome.wake_id, "run_20260924T101402Z_8d41e7b2")
+    assert await inbox.claim(outcome.wake_id, "run_20260924T101402Z_8d41e7b2")
 
     await inbox.finish(outcome.wake_id, "done", run_id=None, note="completed")
 
@@ -340,6 +340,20 @@ async def test_finish_closes_a_wake_once(inbox: Inbox, db: StateDB) -> None:
         await inbox.finish(outcome.wake_id, "abandoned", run_id=None, note="again")
     with pytest.raises(ValueError, match="not 'completed'"):
         await inbox.finish(outcome.wake_id, "completed", run_id=None, note=None)
+
+
+async def test_a_wake_closed_without_a_run_forgets_the_run_id_its_claim_named(
+    inbox: Inbox, db: StateDB
+) -> None:
+    """A wake its handler ignored names no run: the id minted at its claim was never used."""
+    outcome = await inbox.accept(_delivery())
+    assert isinstance(outcome, Accepted)
+    assert await inbox.claim(outcome.wake_id, "run_20260924T101402Z_8d41e7b2")
+
+    await inbox.finish(outcome.wake_id, "ignored", run_id=None, note="no job", ran=False)
+
+    [row] = await _rows(db)
+    assert (row.status, row.run_id, row.note) == ("ignored", None, "no job")
 
 
 # -- prune -----------------------------------------------------------------------------------

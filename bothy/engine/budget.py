@@ -1,8 +1,10 @@
 """The budget gate (rule 1): budget is reserved, not measured.
 
 A run reserves its worst case (``per_run_usd`` or a smaller ``--max-usd``) before it starts,
-in the same ``BEGIN IMMEDIATE`` transaction that reads what is already used and reserved, so
-five processes that each see 40 of 50 used cannot all start. While the run works, measured
+in one writing statement that reads what is already used and reserved under the write lock
+(as a ``BEGIN IMMEDIATE`` transaction would), so five processes that each see 40 of 50 used
+cannot all start; a run that cannot fit is refused on a committed snapshot of those figures,
+reserving nothing (:meth:`BudgetGate.admit`). While the run works, measured
 spend fills the reservation from the inside (a ledger row per increment, dated the day it was
 measured); at the end the run settles at what it really cost and releases the rest. A run
 whose owner died (``crashed``) keeps its reservation, since nobody knows what its worker
@@ -13,6 +15,7 @@ of life. All money is integer micro-dollars.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -88,6 +91,9 @@ class BudgetGate:
 
     # A run's measured cost is held against its dollar reservation (not in plan mode).
     reserves_dollars = True
+    # ``admit`` answers without waiting: a wake's `wake received` can be recorded with the
+    # decision, in its commit (the plan gate may wait behind its learner: not there).
+    decides_at_once = True
 
     def __init__(
         self, db: StateDB, cfg: BudgetConfig, prices: PriceTable, *, clock: Clock
@@ -123,17 +129,40 @@ class BudgetGate:
     ) -> Admitted | Refused:
         """Reserve the ticket's worst case, or refuse with every figure.
 
+        Two round trips to the database at most, neither holding it between them (a
+        ``bothy serve``'s intake shares the connection): the day's figures, read in one
+        statement as one committed snapshot, refuse at once a ticket they cannot hold;
+        otherwise one writing statement inserts the run only if those figures still stand and
+        the ticket fits (it takes the write lock before it reads, as BEGIN IMMEDIATE would, so
+        two processes can never both pass a ceiling they together exceed). A refusal needs no
+        lock: it reserves nothing, and its figures are a moment at which the ticket did not
+        fit. If the figures moved in between (another run admitted, spent or settled), the
+        decision is taken again in one ``BEGIN IMMEDIATE`` transaction.
+
         ``on_wait`` is told why admission waits, when it does (the plan gate's learner).
         """
         if ticket.model is not None and isinstance(price := self.price(ticket.model), Refused):
             return price
         now = self._clock()
+        summary = await self._snapshot(now)
+        total = summary.used_micros + summary.reserved_micros + ticket.requested_micros
+        if total > self.ceiling_micros:
+            return _over_ceiling(summary, ticket.requested_micros, total)
+        if not await self._insert_if_unchanged(ticket, summary, to_us(now)):
+            return await self._admit_in_transaction(ticket, now)
+        return self._admitted(ticket, summary)
+
+    async def _admit_in_transaction(self, ticket: Ticket, now: datetime) -> Admitted | Refused:
+        """The decision in one BEGIN IMMEDIATE transaction: read, then reserve or refuse."""
         async with self._db.transaction():
             summary = await self._summary(now)
             total = summary.used_micros + summary.reserved_micros + ticket.requested_micros
             if total > self.ceiling_micros:
                 return _over_ceiling(summary, ticket.requested_micros, total)
             await self._insert_run(ticket, ticket.requested_micros, to_us(now))
+        return self._admitted(ticket, summary)
+
+    def _admitted(self, ticket: Ticket, summary: DaySummary) -> Admitted:
         return Admitted(
             run_id=ticket.run_id,
             reserved_micros=ticket.requested_micros,
@@ -141,6 +170,35 @@ class BudgetGate:
             already_reserved_micros=summary.reserved_micros,
             ceiling_micros=self.ceiling_micros,
         )
+
+    async def _insert_if_unchanged(self, ticket: Ticket, seen: DaySummary, now_us: int) -> bool:
+        """The run's row, queued, in one statement that inserts it only while the day's
+        figures are still ``seen`` and the ticket fits under the ceiling; whether it did."""
+        rows = await self._db.atomic(
+            "INSERT INTO runs (run_id, subject, source, status, reserved_micros, model,"
+            " admitted_us, expires_us, owner_pid, owner_start)"
+            f" SELECT ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ? FROM ({_FIGURES}) AS day"
+            " WHERE day.used = ? AND day.reserved = ? AND day.used + day.reserved + ? <= ?"
+            " RETURNING run_id",
+            (
+                ticket.run_id,
+                ticket.subject,
+                ticket.source,
+                ticket.requested_micros,
+                ticket.model,
+                now_us,
+                now_us + self._cfg.reservation_expiry_s * 1_000_000,
+                ticket.owner_pid,
+                ticket.owner_start,
+                seen.day,
+                now_us,
+                seen.used_micros,
+                seen.reserved_micros,
+                ticket.requested_micros,
+                self.ceiling_micros,
+            ),
+        )
+        return len(rows) == 1
 
     async def _insert_run(self, ticket: Ticket, reserved_micros: int, now_us: int) -> None:
         """The run's row, queued (call inside the admitting transaction)."""
@@ -221,14 +279,33 @@ class BudgetGate:
         return await self._summary(self._clock())
 
     async def _summary(self, now: datetime) -> DaySummary:
+        """The day's figures, read on the connection as it stands (inside a transaction of
+        the caller's, the transaction's view)."""
         day = self.day_of(now)
-        used = await self._db.scalar("SELECT SUM(micros) FROM spend WHERE day = ?", (day,))
-        reserved = await self._db.scalar(
-            "SELECT SUM(MAX(reserved_micros - spent_micros, 0)) FROM runs"
-            " WHERE (status IN ('queued', 'running') OR crashed = 1) AND expires_us > ?",
-            (to_us(now),),
-        )
+        row = await self._db.fetch_one(_FIGURES, (day, to_us(now)))
+        return self._day_summary(day, row)
+
+    async def _snapshot(self, now: datetime) -> DaySummary:
+        """The day's figures as one committed snapshot, read in a turn of the connection's
+        own (never inside another coroutine's transaction): one round trip."""
+        day = self.day_of(now)
+        rows = await self._db.atomic(_FIGURES, (day, to_us(now)))
+        return self._day_summary(day, rows[0] if rows else None)
+
+    def _day_summary(self, day: str, row: sqlite3.Row | None) -> DaySummary:
+        used = int(row["used"]) if row is not None else 0
+        reserved = int(row["reserved"]) if row is not None else 0
         return DaySummary(day, used, reserved, self.ceiling_micros)
+
+
+# What a day has used and what open runs hold reserved, in one statement (one snapshot);
+# parameters: the day, now in microseconds.
+_FIGURES = (
+    "SELECT COALESCE((SELECT SUM(micros) FROM spend WHERE day = ?), 0) AS used,"
+    " COALESCE((SELECT SUM(MAX(reserved_micros - spent_micros, 0)) FROM runs"
+    " WHERE (status IN ('queued', 'running') OR crashed = 1) AND expires_us > ?), 0)"
+    " AS reserved"
+)
 
 
 def _over_ceiling(summary: DaySummary, requested: int, total: int) -> Refused:

@@ -60,6 +60,7 @@ class PlanGate(BudgetGate):
     """Admission by the plan's rate-limit windows, shared through the state database."""
 
     reserves_dollars = False
+    decides_at_once = False  # a run behind the learner waits in admit (recorded received)
 
     def __init__(
         self, db: StateDB, cfg: BudgetConfig, prices: PriceTable, *, clock: Clock

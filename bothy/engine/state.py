@@ -2,9 +2,10 @@
 
 Every connection runs WAL with ``synchronous=FULL`` (a committed gate decision survives a power
 loss, not only a crash: contracts.md §8) and every write that decides something opens with
-``BEGIN IMMEDIATE`` so that several processes see one truth: a deferred transaction that read
-and then writes after another process committed fails at once with SQLITE_BUSY instead of
-waiting (contracts.md §8, "the multi-process trap").
+``BEGIN IMMEDIATE``, or is one writing statement (:meth:`StateDB.atomic`: it takes the write
+lock before it reads), so that several processes see one truth: a deferred transaction that
+read and then writes after another process committed fails at once with SQLITE_BUSY instead
+of waiting (contracts.md §8, "the multi-process trap").
 
 Times are integer microseconds since the epoch (UTC); money is integer micro-dollars.
 """
@@ -358,12 +359,14 @@ class StateDB:
             raise
 
     async def atomic(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
-        """Run one writing statement as a transaction of its own; return the rows it returns.
+        """Run one statement as a transaction of its own; return the rows it returns.
 
         SQLite makes a single statement atomic, and a writing statement takes the write lock
-        before it reads, as BEGIN IMMEDIATE would. One round trip to the database thread
-        instead of three (BEGIN, the statement, COMMIT): for hot paths such as the inbox's
-        group commit. Takes its turn with :meth:`transaction`; do not call it inside one.
+        before it reads, as BEGIN IMMEDIATE would; a reading one sees one committed snapshot
+        (never another coroutine's transaction half-done: it takes its turn). One round trip
+        to the database thread instead of three (BEGIN, the statement, COMMIT): for hot paths
+        such as the inbox's group commit and the budget gate. Takes its turn with
+        :meth:`transaction`; do not call it inside one.
         """
         async with self._transaction_lock:
             return list(await self._db.execute_fetchall(sql, params))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from bothy.clock import Clock
 from bothy.config import Config
 from bothy.engine.alerts import Alerts
-from bothy.engine.audit import AuditLog
+from bothy.engine.audit import AuditLog, NewRecord
 from bothy.engine.budget import Admitted, BudgetGate, Refused, Ticket, budget_gate
 from bothy.engine.checklist import Checklist
 from bothy.engine.launch import Launch, build_launch
@@ -66,6 +66,10 @@ _APPROVAL_POLICY = "on-request"
 
 Told = Callable[[RunResult], Awaitable[None]]
 """Who hears a run's end as soon as it is recorded (a chat thread): ``execute``'s ``told``."""
+
+RefusedWith = Callable[[Refused], Sequence[NewRecord]]
+"""The records a caller adds to a refusal at admission, in its commit: ``execute``'s
+``refused_with`` (the dispatcher's `wake deferred` or `wake abandoned`)."""
 
 
 class _Unasked:
@@ -170,6 +174,7 @@ class Supervisor:
         asker: Asker | None = None,
         admitted: asyncio.Event | None = None,
         told: Told | None = None,
+        refused_with: RefusedWith | None = None,
     ) -> RunResult:
         """Take one wake through the gates and, if admitted, through a worker.
 
@@ -178,9 +183,18 @@ class Supervisor:
         in arrival order waits for it, or for the refusal that ends the run). ``told`` hears
         the end of a run that had a worker as soon as it is settled and recorded, before the
         worker is stopped (the answer does not wait for codex's exit); it is not called for a run
-        that never reached a worker. Either way this returns once the worker is stopped."""
+        that never reached a worker. Either way this returns once the worker is stopped.
+
+        ``refused_with`` names the records the caller adds to a refusal at admission (a wake
+        deferred): they join its `wake received` and `run refused` in one commit, after them.
+        A gate that decides at once (the dollar gate) has `wake received` recorded with its
+        decision, in one commit; one that may wait (the plan gate's learner) has it recorded
+        first, as the wait begins."""
         run_id = request.run_id or new_run_id(self._clock)
-        await self._received(run_id, request)
+        received: list[NewRecord] = [self._received(run_id, request)]
+        if not self.budget.decides_at_once:
+            await self._record_together(received)
+            received = []
         shown = progress or SilentProgress()
         decision = await self.budget.admit(
             Ticket(run_id, request.subject, request.source, request.max_usd_micros,
@@ -188,9 +202,12 @@ class Supervisor:
             on_wait=shown.waiting,
         )
         if isinstance(decision, Refused):
-            await self._refused(run_id, request.subject, decision)
+            also = refused_with(decision) if refused_with is not None else ()
+            await self._record_together([*received, self._refused_record(
+                run_id, request.subject, decision), *also])
             return RunResult(run_id, Outcome.REFUSED, 0, "", decision.sentence())
-        await self._admitted(run_id, request.subject, decision)
+        await self._record_together([*received, *self._admitted(run_id, request.subject,
+                                                                decision)])
         if admitted is not None:
             admitted.set()
         shown.admitted(run_id)
@@ -235,8 +252,8 @@ class Supervisor:
         enabled = profile.cairn_brief if profile is not None else True
         return replace(request, prompt=await link.briefed(request.prompt, enabled=enabled))
 
-    async def _received(self, run_id: str, request: RunRequest) -> None:
-        await self._audit.record(
+    def _received(self, run_id: str, request: RunRequest) -> NewRecord:
+        return NewRecord(
             "wake", "received", "ok", subject=request.subject,
             details={"wake_id": wake_id_for(run_id), "source": request.source,
                      "prompt_chars": len(request.prompt),
@@ -244,14 +261,19 @@ class Supervisor:
         )
 
     async def _refused(self, run_id: str, subject: str, refusal: Refused) -> None:
+        """The one record of a run refused at a gate after admission (its model's price, a
+        task someone holds); a refusal at admission joins its wake's records."""
+        await self._record_together([self._refused_record(run_id, subject, refusal)])
+
+    def _refused_record(self, run_id: str, subject: str, refusal: Refused) -> NewRecord:
         """The one record of a run refused at a gate (at admission, or by its model's price)."""
-        await self._audit.record(
+        return NewRecord(
             "run", "refused", "refused", subject=subject, run_id=run_id,
             details={"wake_id": wake_id_for(run_id), "gate": refusal.gate,
                      "message": refusal.message, **refusal.figures},
         )
 
-    async def _admitted(self, run_id: str, subject: str, admitted: Admitted) -> None:
+    def _admitted(self, run_id: str, subject: str, admitted: Admitted) -> list[NewRecord]:
         # The plan gate's figures are percents of the rate-limit windows, not dollars.
         figures = admitted.figures or {
             "reserved_usd": format_usd(admitted.reserved_micros, 6),
@@ -259,14 +281,22 @@ class Supervisor:
             "already_reserved_usd": format_usd(admitted.already_reserved_micros, 6),
             "ceiling_usd": format_usd(admitted.ceiling_micros, 6),
         }
-        await self._audit.record("run", "admitted", "ok", subject=subject, run_id=run_id,
-                                 details={"wake_id": wake_id_for(run_id), **figures})
+        records = [NewRecord("run", "admitted", "ok", subject=subject, run_id=run_id,
+                             details={"wake_id": wake_id_for(run_id), **figures})]
         if admitted.learning:
-            await self._audit.record(
+            records.append(NewRecord(
                 "plan", "window", "unknown", subject=subject, run_id=run_id,
                 details={"why": "no rate-limit window is known yet: this run is admitted to"
                                 " learn them, and runs behind it wait for what it learns"},
-            )
+            ))
+        return records
+
+    async def _record_together(self, records: Sequence[NewRecord]) -> None:
+        """Submit ``records`` together, in order (one commit, one fsync, when nothing else is
+        being committed), and return once every one is durable; the first failure is raised."""
+        for outcome in await self._audit.record_all(records):
+            if isinstance(outcome, Exception):
+                raise outcome
 
     async def _claim_and_work(
         self, run_id: str, request: RunRequest, admitted: Admitted, progress: Progress,

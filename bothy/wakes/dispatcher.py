@@ -23,7 +23,8 @@ from typing import Any, Protocol, runtime_checkable
 from bothy.clock import Clock, to_us
 from bothy.config import WakesConfig
 from bothy.engine.alerts import Alerts
-from bothy.engine.audit import AuditLog
+from bothy.engine.audit import AuditLog, NewRecord
+from bothy.engine.budget import Refused
 from bothy.engine.recovery import settled_by_owner
 from bothy.engine.run import Outcome, new_run_id
 from bothy.engine.state import RunRow, StateDB
@@ -37,6 +38,7 @@ from bothy.wakes.inbox import Inbox, Reinserted, WakeRow
 from bothy.wakes.jobs import Ignored
 
 _IDLE_POLL_S = 1.0  # retries fall due without anyone poking the dispatcher
+_DUE_PER_LOOK = 50  # wakes taken from one look at the queue
 
 
 @dataclass(frozen=True)
@@ -167,12 +169,15 @@ class Dispatcher:
             # Cleared before looking, not after: a poke that comes while the wakes below are
             # taken is for a wake this look may have missed, and must not be lost.
             self._poke.clear()
-            for wake in await self._inbox.due(to_us(self._clock())):
+            due = await self._inbox.due(to_us(self._clock()), limit=_DUE_PER_LOOK)
+            for wake in due:
                 if not self._intake:
                     break
-                if await self._inbox.claim(wake.id):
+                # A fresh run id per attempt (a refused id is spent), named by the claim.
+                run_id = new_run_id(self._clock)
+                if await self._inbox.claim(wake.id, run_id):
                     admitted = asyncio.Event()
-                    task = asyncio.create_task(self._guarded(wake, admitted),
+                    task = asyncio.create_task(self._guarded(wake, run_id, admitted),
                                                name=f"wake-{wake.id}")
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
@@ -181,6 +186,8 @@ class Dispatcher:
                     # A stop does not wait for it: an admission that waits on a run in flight
                     # (plan mode's learner) comes only once the stop has stopped that run.
                     await first_of(admitted.wait(), task, self._intake_closed.wait())
+            if len(due) == _DUE_PER_LOOK:
+                continue  # more may be due already: look again now, not at the next poke
             try:
                 async with asyncio.timeout(_IDLE_POLL_S):
                     await self._poke.wait()
@@ -214,11 +221,11 @@ class Dispatcher:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _guarded(self, wake: WakeRow, admitted: asyncio.Event) -> None:
+    async def _guarded(self, wake: WakeRow, run_id: str, admitted: asyncio.Event) -> None:
         """Handle a wake; one that breaks (a corrupt payload, a bug) is closed out loud
         instead of vanishing with its task: recorded, abandoned, and raised as an alert."""
         try:
-            await self._handle(wake, admitted)
+            await self._handle(wake, run_id, admitted)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # any failure here must be heard, not lost
@@ -231,12 +238,14 @@ class Dispatcher:
                 f"wake {wake.key}", f"handling it failed: {reason}", subject=_subject(wake)
             )
 
-    async def _handle(self, wake: WakeRow, admitted: asyncio.Event) -> None:
+    async def _handle(self, wake: WakeRow, run_id: str, admitted: asyncio.Event) -> None:
         delivery = await self._inbox.load(wake)
-        # A fresh run id per attempt: a refused id is spent.
-        start = WakeStart(new_run_id(self._clock), _details(wake), wake_id=wake.id,
-                          inbox=self._inbox, supervisor=self._supervisor, admitted=admitted)
         handler = self._handlers.get(wake.source)
+        details = _details(wake)
+        retry = _Retry(self._cfg, wake, details) if handler and handler.retries_refused else None
+        start = WakeStart(run_id, details, wake_id=wake.id,
+                          inbox=self._inbox, supervisor=self._supervisor, admitted=admitted,
+                          refused_with=retry.records if retry is not None else None)
         if handler is None:
             await self._ignore(wake, start, f"no {wake.source} wakes are taken here: that"
                                             " part is not configured")
@@ -247,9 +256,10 @@ class Dispatcher:
         if isinstance(ended, Ignored):
             await self._ignore(wake, start, ended.reason)
         elif isinstance(ended, Quiet):  # its handler audited why; nothing ran
-            await self._inbox.finish(wake.id, "done", run_id=None, note=ended.reason)
-        elif ended.outcome is Outcome.REFUSED and handler.retries_refused:
-            await self._refused(wake, ended.reason or "refused", start.details)
+            await self._inbox.finish(wake.id, "done", run_id=None, note=ended.reason,
+                                     ran=False)
+        elif ended.outcome is Outcome.REFUSED and retry is not None:
+            await self._refused(wake, ended.reason or "refused", retry)
         elif await start.stopped_before_start():
             # Stopped before its run had a worker: nothing ran, so it runs after the restart.
             await self._requeue(wake, start.run_id, "bothy stopped before its run started")
@@ -259,23 +269,53 @@ class Dispatcher:
     async def _ignore(self, wake: WakeRow, start: WakeStart, reason: str) -> None:
         await self._audit.record("wake", "ignored", "refused", subject=_subject(wake),
                                  run_id=None, details={**start.details, "reason": reason})
-        await self._inbox.finish(wake.id, "ignored", run_id=None, note=reason)
+        await self._inbox.finish(wake.id, "ignored", run_id=None, note=reason, ran=False)
 
-    async def _refused(self, wake: WakeRow, reason: str, details: dict[str, Any]) -> None:
-        attempts = wake.attempts + 1
-        if attempts >= self._cfg.max_attempts:
-            note = f"abandoned after {attempts} attempts: {reason}"
+    async def _refused(self, wake: WakeRow, reason: str, retry: _Retry) -> None:
+        """A wake refused at a gate: recorded deferred (or abandoned), unless its refusal's
+        commit held that already, then queued again for later (or closed, and alerted)."""
+        if not retry.recorded:  # refused after admission (a task someone holds)
+            kind, event, outcome, subject, _, details = retry.record_for(reason)
+            await self._audit.record(kind, event, outcome, subject=subject, details=details)
+        if retry.abandons:
+            note = retry.abandon_note(reason)
             await self._inbox.finish(wake.id, "abandoned", run_id=None, note=note)
-            await self._audit.record("wake", "abandoned", "failed", subject=_subject(wake),
-                                     details={**details, "reason": note})
             await self._alerts.raise_alert(f"wake {wake.key}", note, subject=_subject(wake))
             return
-        delay_s = min(self._cfg.retry_first_s * 2 ** (attempts - 1), self._cfg.retry_max_s)
-        next_try_us = to_us(self._clock()) + int(delay_s * 1_000_000)
+        next_try_us = to_us(self._clock()) + int(retry.delay_s * 1_000_000)
         await self._inbox.retry_later(wake.id, next_try_us=next_try_us,
-                                      note=f"attempt {attempts} refused: {reason}")
-        await self._audit.record("wake", "deferred", "pending", subject=_subject(wake),
-                                 details={**details, "reason": reason, "retry_in_s": delay_s})
+                                      note=f"attempt {retry.attempts} refused: {reason}")
+
+
+class _Retry:
+    """What a refusal at a gate makes of a wake nobody waits for (rule 4): deferred, to be
+    tried again after a delay that doubles with each attempt, or, at ``wakes.max_attempts``,
+    abandoned out loud. Its record is made for the refusal's own commit (``records``, the
+    supervisor's ``refused_with``), or, for a refusal after admission, by the dispatcher."""
+
+    def __init__(self, cfg: WakesConfig, wake: WakeRow, details: dict[str, Any]) -> None:
+        self.attempts = wake.attempts + 1
+        self.abandons = self.attempts >= cfg.max_attempts
+        self.delay_s = min(cfg.retry_first_s * 2 ** (self.attempts - 1), cfg.retry_max_s)
+        self.recorded = False
+        self._subject = _subject(wake)
+        self._details = details
+
+    def abandon_note(self, reason: str) -> str:
+        return f"abandoned after {self.attempts} attempts: {reason}"
+
+    def records(self, refusal: Refused) -> list[NewRecord]:
+        """The wake's record of ``refusal``: `wake deferred`, or `wake abandoned`."""
+        self.recorded = True
+        return [self.record_for(refusal.sentence())]
+
+    def record_for(self, reason: str) -> NewRecord:
+        if self.abandons:
+            return NewRecord("wake", "abandoned", "failed", subject=self._subject,
+                             details={**self._details, "reason": self.abandon_note(reason)})
+        return NewRecord("wake", "deferred", "pending", subject=self._subject,
+                         details={**self._details, "reason": reason,
+                                  "retry_in_s": self.delay_s})
 
 
 def _details(wake: WakeRow) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from bothy.engine.framing import frame, new_token
 from bothy.engine.launch import build_launch
 from bothy.engine.run import RunRequest, RunResult
 from bothy.engine.state import RunRow
-from bothy.engine.supervisor import Supervisor, Told
+from bothy.engine.supervisor import RefusedWith, Supervisor, Told
 from bothy.home import BothyHome
 from bothy.money import usd_to_micros
 from bothy.wakes import schedules
@@ -74,8 +74,9 @@ class _Planned:
 
 
 class WakeStart:
-    """What the dispatcher gives a wake's handler: the run id minted for this attempt (a
-    refused id is spent), the details of the `wake received` record, and :meth:`run`."""
+    """What the dispatcher gives a wake's handler: the run id minted for this attempt and
+    named by its claim (a refused id is spent), the details of the `wake received` record,
+    and :meth:`run`."""
 
     def __init__(
         self,
@@ -86,6 +87,7 @@ class WakeStart:
         inbox: Inbox,
         supervisor: Supervisor,
         admitted: asyncio.Event,
+        refused_with: RefusedWith | None = None,
     ) -> None:
         self.run_id = run_id
         self.details = details
@@ -93,19 +95,24 @@ class WakeStart:
         self._inbox = inbox
         self._supervisor = supervisor
         self._admitted = admitted
+        self._refused_with = refused_with
         self.done = False  # the wake was closed once its run's end was told
 
     async def run(self, request: RunRequest, *, asker: Asker | None = None,
                   told: Told | None = None) -> RunResult:
-        """Take ``request`` through the engine. The run id is recorded on the wake first, so
-        that after a crash the wake's run can be found; the admission keeps arrival order.
+        """Take ``request`` through the engine. The run id is on the wake already (its claim
+        named it), so that after a crash the wake's run can be found; the admission keeps
+        arrival order.
 
         ``told`` hears the run's end once it is recorded, before its worker is stopped (see
         :meth:`Supervisor.execute`); once it has, the wake is done (:attr:`done`): after a
-        crash it is neither told again nor said to be cut short."""
-        await self._inbox.set_run(self._wake_id, self.run_id)
+        crash it is neither told again nor said to be cut short.
+
+        A refusal at admission is recorded with what the dispatcher makes of it (the wake
+        deferred or abandoned: ``refused_with``), in one commit."""
         if told is None:
-            return await self._supervisor.execute(request, asker=asker, admitted=self._admitted)
+            return await self._supervisor.execute(request, asker=asker, admitted=self._admitted,
+                                                  refused_with=self._refused_with)
 
         async def told_then_done(result: RunResult) -> None:
             await told(result)
@@ -114,7 +121,8 @@ class WakeStart:
             self.done = True
 
         return await self._supervisor.execute(request, asker=asker, admitted=self._admitted,
-                                              told=told_then_done)
+                                              told=told_then_done,
+                                              refused_with=self._refused_with)
 
     async def stopped_before_start(self) -> bool:
         """Whether Bothy is stopping and this attempt's run never reached a worker: nothing

@@ -454,41 +454,37 @@ class Inbox:
         except ValueError as exc:
             raise InboxError(f"Wake payload {where} is damaged: {exc}") from exc
 
-    async def claim(self, wake_id: int) -> bool:
-        """Take a queued wake (queued → running); False if it was not queued (someone has it).
+    async def claim(self, wake_id: int, run_id: str | None = None) -> bool:
+        """Take a queued wake (queued → running), naming the run minted for this attempt
+        (before the run is admitted: after a crash, the wake's run can be found); False if it
+        was not queued (someone has it).
 
         Each change of a wake's row here is one statement, its own transaction (``atomic``):
         one round trip to the database, so that intake's rows wait less behind it.
         """
         changed = await self._db.atomic(
-            "UPDATE wakes SET status = 'running', run_id = NULL"
+            "UPDATE wakes SET status = 'running', run_id = ?"
             " WHERE id = ? AND status = 'queued' RETURNING id",
-            (wake_id,),
+            (run_id, wake_id),
         )
         return len(changed) == 1
 
-    async def set_run(self, wake_id: int, run_id: str) -> None:
-        """Record the run minted for a running wake, before the run is admitted."""
-        changed = await self._db.atomic(
-            "UPDATE wakes SET run_id = ? WHERE id = ? AND status = 'running' RETURNING id",
-            (run_id, wake_id),
-        )
-        if len(changed) != 1:
-            raise InboxError(f"Cannot record run {run_id} for wake {wake_id}: it is not running")
-
     async def finish(
-        self, wake_id: int, status: str, *, run_id: str | None, note: str | None
+        self, wake_id: int, status: str, *, run_id: str | None, note: str | None,
+        ran: bool = True,
     ) -> None:
         """Close a queued or running wake as ``done``, ``ignored`` or ``abandoned``.
 
-        ``run_id`` None keeps the run already recorded, if any.
+        ``run_id`` None keeps the run already recorded, if any; ``ran`` False forgets it (the
+        attempt asked for no run: the id its claim named was never used).
         """
         if status not in FINISHED:
             raise ValueError(f"a wake finishes as one of {', '.join(FINISHED)}, not {status!r}")
         changed = await self._db.atomic(
-            "UPDATE wakes SET status = ?, run_id = COALESCE(?, run_id), note = ?,"
-            " finished_us = ? WHERE id = ? AND status IN ('queued', 'running') RETURNING id",
-            (status, run_id, note, to_us(self._clock()), wake_id),
+            "UPDATE wakes SET status = ?, run_id = CASE WHEN ? THEN COALESCE(?, run_id) END,"
+            " note = ?, finished_us = ?"
+            " WHERE id = ? AND status IN ('queued', 'running') RETURNING id",
+            (status, ran, run_id, note, to_us(self._clock()), wake_id),
         )
         if len(changed) != 1:
             raise InboxError(f"Cannot finish wake {wake_id} as {status}: it is not queued or"
