@@ -4,6 +4,11 @@ Each step is a method of :class:`Supervisor`; what the worker says during a turn
 :class:`~bothy.engine.turn.TurnStream`. The audit record that closes a run and its budget
 settlement are written in ``finally`` so that no exit path (limit, cancel, crash of the
 worker, our own cancellation) leaves a reservation or an unfinished trace behind.
+
+What a run needs only once it has its worker (the turn's stream, the tools, the question
+board and the approvals behind them) is imported then, right after codex is spawned: while
+codex starts on its own (initialize is most of a cold start, and it answers none of it sooner
+for being asked at once), not on the way through the gates to the spawn (issue 18).
 """
 
 from __future__ import annotations
@@ -20,12 +25,10 @@ from bothy.config import Config
 from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog
 from bothy.engine.budget import Admitted, BudgetGate, Refused, Ticket, budget_gate
-from bothy.engine.checklist import Checklist
 from bothy.engine.launch import Launch, build_launch
 from bothy.engine.pool import Waiting, Withdrawn, WorkerPool
 from bothy.engine.prices import PriceTable
 from bothy.engine.procgroup import GroupRecord, StopReport, process_start_time
-from bothy.engine.questions import QuestionBoard
 from bothy.engine.recovery import Recovered, Recovery
 from bothy.engine.run import (
     Outcome,
@@ -39,17 +42,19 @@ from bothy.engine.run import (
 )
 from bothy.engine.state import StateDB
 from bothy.engine.task_link import TaskClaims, TaskLink
-from bothy.engine.tokenmeter import TokenMeter
-from bothy.engine.toolbox import Asker, RunScope, Toolbox
 from bothy.engine.traceids import traceparent
-from bothy.engine.turn import LiveRun, Turn, TurnStream
-from bothy.engine.verdicts import ApprovalStore
 from bothy.engine.worker import ThreadInfo, Worker
 from bothy.errors import AppServerError, ProcessGroupError
 from bothy.money import format_usd
 
 if TYPE_CHECKING:
+    from bothy.engine.checklist import Checklist
+    from bothy.engine.questions import QuestionBoard
     from bothy.engine.spare import Cold, Spare  # (only bothy serve keeps a spare)
+    from bothy.engine.tokenmeter import TokenMeter
+    from bothy.engine.toolbox import Asker, Toolbox
+    from bothy.engine.turn import LiveRun, Turn, TurnStream
+    from bothy.engine.verdicts import ApprovalStore
     from bothy.memory.session import MemorySession
     from bothy.memory.site import SiteMemory
 
@@ -88,9 +93,8 @@ class Supervisor:
     ) -> None:
         self._cfg = cfg
         self._memory = memory
-        self._checklist = Checklist(checklist_path)
-        self._board = QuestionBoard(db, clock=clock)
-        self._approvals = ApprovalStore(db, clock=clock)
+        self._checklist_path = checklist_path
+        self._tools: _ToolParts | None = None  # made by the first run that has a worker
         self._db = db
         self._audit = audit
         self._alerts = alerts
@@ -297,7 +301,6 @@ class Supervisor:
         asker: Asker, link: TaskLink | None, closing: _Closing,
     ) -> RunEnd:
         deadline = asyncio.get_running_loop().time() + request.wall_clock_s
-        toolbox = self._toolbox(run_id, request, asker, deadline, link)
         launch = self._launch_for(request)
         taken = await self._spare.take(launch, self._cfg.workspace) if self._spare else None
         worker = taken if isinstance(taken, Worker) else Worker(
@@ -311,6 +314,10 @@ class Supervisor:
         # turn/start, and records anything of the run, only once this is done.
         started = asyncio.ensure_future(
             self._started(run_id, request.subject, record, launch, taken, progress))
+        # (Its modules load here, while codex starts: see the module's docstring.)
+        from bothy.engine.turn import LiveRun
+
+        toolbox = self._toolbox(run_id, request, asker, deadline, link)
         try:
             try:
                 live = LiveRun(request, worker, worker.events, progress, toolbox, deadline)
@@ -402,6 +409,8 @@ class Supervisor:
         self, run_id: str, request: RunRequest, asker: Asker, deadline: float,
         link: TaskLink | None,
     ) -> Toolbox:
+        from bothy.engine.toolbox import RunScope, Toolbox
+
         profile = self._cfg.profiles.get(request.profile) if request.profile else None
         mcp = None
         if profile is not None and profile.mcp_servers and not request.dream:
@@ -427,10 +436,24 @@ class Supervisor:
         granted = None if request.dream else profile
         scope = RunScope(run_id, request.subject, request.profile, granted, request.trusted,
                          request.can_hold)
-        return Toolbox(scope, audit=self._audit, board=self._board, approvals=self._approvals,
-                       checklist=self._checklist, mcp=mcp, asker=asker, alerts=self._alerts,
+        parts = self._tool_parts()
+        return Toolbox(scope, audit=self._audit, board=parts.board, approvals=parts.approvals,
+                       checklist=parts.checklist, mcp=mcp, asker=asker, alerts=self._alerts,
                        should_stop=should_stop, hold_left_s=hold_left_s, task=link,
                        memory=self._memory_session(run_id, request))
+
+    def _tool_parts(self) -> _ToolParts:
+        """The checklist, question board and approvals every run's tools share: made, with
+        their modules, by the first run that reaches its worker."""
+        if self._tools is None:
+            from bothy.engine.checklist import Checklist
+            from bothy.engine.questions import QuestionBoard
+            from bothy.engine.verdicts import ApprovalStore
+
+            self._tools = _ToolParts(Checklist(self._checklist_path),
+                                     QuestionBoard(self._db, clock=self._clock),
+                                     ApprovalStore(self._db, clock=self._clock))
+        return self._tools
 
     def _memory_session(self, run_id: str, request: RunRequest) -> MemorySession | None:
         """The run's memory, if its profile has it on (bothy.memory owns what it does)."""
@@ -476,6 +499,8 @@ class Supervisor:
 
     async def _turned(self, run_id: str, live: LiveRun, admitted: Admitted,
                       thread: ThreadInfo) -> RunEnd:
+        from bothy.engine.turn import Turn, TurnStream  # (loaded with LiveRun, in _work)
+
         request, worker = live.request, live.worker
         # The model the thread got is noted while its turn starts: the price gate, which
         # comes first, needs no commit, and codex starts the turn meanwhile.
@@ -614,6 +639,16 @@ class Supervisor:
         ))
         return RunResult(run_id, ended.outcome, settlement.cost_micros, kept, ended.reason,
                          thread_id=self._threads.pop(run_id, None))
+
+
+class _ToolParts:
+    """What the tools of every run of one supervisor share."""
+
+    def __init__(self, checklist: Checklist, board: QuestionBoard,
+                 approvals: ApprovalStore) -> None:
+        self.checklist = checklist
+        self.board = board
+        self.approvals = approvals
 
 
 class _Closing:
