@@ -5,10 +5,10 @@ Each step is a method of :class:`Supervisor`; what the worker says during a turn
 settlement are written in ``finally`` so that no exit path (limit, cancel, crash of the
 worker, our own cancellation) leaves a reservation or an unfinished trace behind.
 
-What a run needs only once it has its worker (the turn's stream, the tools, the question
-board and the approvals behind them) is imported then, right after codex is spawned: while
-codex starts on its own (initialize is most of a cold start, and it answers none of it sooner
-for being asked at once), not on the way through the gates to the spawn (issue 18).
+What a run needs only once codex has answered ``initialize`` (the turn's stream, the tools,
+the question board and the approvals behind them) is imported right after a cold codex is
+spawned and asked to initialize, while codex starts on its own (most of a cold start), not on
+the way through the gates to the spawn (issue 18).
 """
 
 from __future__ import annotations
@@ -314,14 +314,18 @@ class Supervisor:
         # turn/start, and records anything of the run, only once this is done.
         started = asyncio.ensure_future(
             self._started(run_id, request.subject, record, launch, taken, progress))
-        # (Its modules load here, while codex starts: see the module's docstring.)
-        from bothy.engine.turn import LiveRun
-
-        toolbox = self._toolbox(run_id, request, asker, deadline, link)
+        # A cold codex is asked to initialize at once; what the run needs only once it answers
+        # is loaded while it starts (the module's docstring), and _prepared awaits the answer.
+        initializing = None if worker.initialized else asyncio.ensure_future(worker.initialize())
+        toolbox: Toolbox | None = None
         try:
             try:
+                await asyncio.sleep(0)  # (initialize is written to codex before the imports)
+                from bothy.engine.turn import LiveRun
+
+                toolbox = self._toolbox(run_id, request, asker, deadline, link)
                 live = LiveRun(request, worker, worker.events, progress, toolbox, deadline)
-                ended = await self._converse(run_id, live, admitted, started)
+                ended = await self._converse(run_id, live, admitted, started, initializing)
             except AppServerError as exc:
                 ended = RunEnd(Outcome.FAILED, worker.failure(str(exc)))
             except BaseException:  # cancelled, or broken: the worker is stopped, then we go
@@ -329,6 +333,10 @@ class Supervisor:
                 await self._stop_worker(run_id, request.subject, worker, toolbox,
                                         asyncio.ensure_future(self._end_worker(worker)))
                 raise
+            finally:
+                if initializing is not None and not initializing.done():  # (never awaited)
+                    initializing.cancel()
+                    await asyncio.wait({initializing})
             if closing.tells:
                 await self._told_while_stopping(run_id, request.subject, worker, toolbox,
                                                 ended, closing)
@@ -342,7 +350,7 @@ class Supervisor:
                 self._spare.start()  # a no-op if one is held or starting
 
     async def _told_while_stopping(
-        self, run_id: str, subject: str, worker: Worker, toolbox: Toolbox, ended: RunEnd,
+        self, run_id: str, subject: str, worker: Worker, toolbox: Toolbox | None, ended: RunEnd,
         closing: _Closing,
     ) -> None:
         """The run's end settled and recorded, then told, then its worker stopped: codex's
@@ -387,14 +395,15 @@ class Supervisor:
         return await worker.stop(grace_s=self._cfg.limits.stop_grace_s)
 
     async def _stop_worker(
-        self, run_id: str, subject: str, worker: Worker, toolbox: Toolbox,
+        self, run_id: str, subject: str, worker: Worker, toolbox: Toolbox | None,
         ending: asyncio.Future[StopReport | None],
     ) -> None:
-        """Wait for the worker's group to end (``ending``), stop the run's tools, record
-        `worker stopped`, then forget the group recovery would have ended (freeing the lane
-        and the slot it held)."""
+        """Wait for the worker's group to end (``ending``), stop the run's tools (if it got as
+        far as having them), record `worker stopped`, then forget the group recovery would
+        have ended (freeing the lane and the slot it held)."""
         report = await asyncio.shield(ending)
-        await asyncio.shield(toolbox.stop())
+        if toolbox is not None:
+            await asyncio.shield(toolbox.stop())
         await asyncio.shield(self._audit.record(
             "worker", "stopped", "failed" if report and report.survivors else "ok",
             subject=subject, run_id=run_id,
@@ -468,24 +477,26 @@ class Supervisor:
                              dream=request.dream)
 
     async def _converse(self, run_id: str, live: LiveRun, admitted: Admitted,
-                        started: asyncio.Future[None]) -> RunEnd:
+                        started: asyncio.Future[None],
+                        initializing: asyncio.Future[Any] | None) -> RunEnd:
         """The run's conversation with codex. ``started`` is the run's start being made
         durable: codex's first steps go beside it; the run's tools and memory start, and
         anything of the run is recorded, only after it, and turn/start (the first step that
-        can spend) only once it is done."""
+        can spend) only once it is done. ``initializing`` is a cold codex's initialize, asked
+        already (None for a spare's, answered before the run took it)."""
         try:
-            thread = await self._prepared(run_id, live, started)
+            thread = await self._prepared(run_id, live, started, initializing)
         finally:
             await asyncio.shield(started)  # its failure (a broken register) outranks codex's
         return await self._turned(run_id, live, admitted, thread)
 
-    async def _prepared(self, run_id: str, live: LiveRun,
-                        started: asyncio.Future[None]) -> ThreadInfo:
+    async def _prepared(self, run_id: str, live: LiveRun, started: asyncio.Future[None],
+                        initializing: asyncio.Future[Any] | None) -> ThreadInfo:
         """Codex initialized (when cold), its skill roots set and the run's thread started or
         resumed: none of it spends, nor is recorded, before ``started``."""
         request, worker = live.request, live.worker
-        if not worker.initialized:  # the spare's was answered before the run took it
-            await worker.initialize()
+        if initializing is not None:  # the spare's was answered before the run took it
+            await initializing
         profile = self._cfg.profiles.get(request.profile) if request.profile else None
         if request.dream:
             profile = None  # a dream gets neither the profile's skills nor its sandbox
