@@ -333,10 +333,12 @@ class Supervisor:
                 await self._stop_worker(run_id, request.subject, worker, toolbox,
                                         asyncio.ensure_future(self._end_worker(worker)))
                 raise
-            finally:
-                if initializing is not None and not initializing.done():  # (never awaited)
-                    initializing.cancel()
+            finally:  # initialize settled and its outcome taken, whether awaited or not
+                if initializing is not None:
+                    initializing.cancel()  # (a no-op once it is done)
                     await asyncio.wait({initializing})
+                    if not initializing.cancelled():
+                        initializing.exception()  # (an error of it is met as the run's, or moot)
             if closing.tells:
                 await self._told_while_stopping(run_id, request.subject, worker, toolbox,
                                                 ended, closing)
