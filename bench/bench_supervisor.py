@@ -92,17 +92,40 @@ async def _run_once(site: Any, server: Any) -> dict[str, float]:
     listing = await site.bothy("audit", "--run", run_id, "--json")
     records = [json.loads(line) for line in listing.stdout.splitlines()]
     turn = next(r for r in records if r["kind"] == "turn" and r["event"] == "started")
-    wake = next(r for r in records if r["kind"] == "wake")
+
+    def at(kind: str, event: str) -> float:
+        record = next(r for r in records if r["kind"] == kind and r["event"] == event)
+        return datetime.fromisoformat(record["ts"]).timestamp()
+
     details = turn["details"]
     sent = details["turn_start_sent_unix"]
-    woken = datetime.fromisoformat(wake["ts"]).timestamp()
+    woken, admitted = at("wake", "received"), at("run", "admitted")
+    spawned = sent - details["to_turn_start_ms"] / 1000  # (a cold start: from the spawn)
     return {
         "overhead": (sent - launched) * 1000 - details["initialize_ms"],
         "to_turn_start": (sent - launched) * 1000,
         "before_wake": (woken - launched) * 1000,
         "inside": (sent - woken) * 1000 - details["initialize_ms"],
         "init": details["initialize_ms"],
+        # The split of the run's own part: the gates (wake recorded → admitted), the slot and
+        # the spawn (→ codex spawned), then codex's first steps and turn/start (→ turn/start
+        # sent, minus codex's initialize).
+        "gates": (admitted - woken) * 1000,
+        "spawn": (spawned - admitted) * 1000,
+        "to_turn": (sent - spawned) * 1000 - details["initialize_ms"],
     }
+
+
+async def _imports_alone_ms(env: dict[str, str]) -> float:
+    """The wall time (ms) of what a run imports, in an interpreter of its own, as the CLI does
+    (timed inside it, so the interpreter's own start is left out)."""
+    code = ("import time; started = time.perf_counter()\n" + _IMPORTED_ALONE["engine"]
+            + "; import bothy.cli, bothy.commandline;"
+            " print(time.perf_counter() - started)")
+    alone = await asyncio.create_subprocess_exec(sys.executable, "-c", code, env=env,
+                                                 stdout=asyncio.subprocess.PIPE)
+    out, _ = await alone.communicate()
+    return float(out) * 1000
 
 
 _IMPORT_KINDS = (  # (what, module name prefixes), the first that names a module or its importer
@@ -181,8 +204,12 @@ async def _instructions(site: Any, server: Any, env: dict[str, str]) -> dict[str
 # What a run imports, layer on layer, each counted in an interpreter of its own as the CLI
 # starts a command (the collector off, pydantic's plugins off): the event loop, then the
 # validated config (what codex could be spawned after at the earliest), then the engine.
+# (Where the CLI also stands in for pydantic's plugin loader, bothy/pydanticplugins.py, so
+# does this; a checkout without it is measured as its CLI runs.)
 _AS_THE_CLI = ("import gc, os; gc.disable();"
-               " os.environ.setdefault('PYDANTIC_DISABLE_PLUGINS', '__all__'); ")
+               " os.environ.setdefault('PYDANTIC_DISABLE_PLUGINS', '__all__')\n"
+               "try:\n from bothy.pydanticplugins import look_for_plugins_only_when_on\n"
+               "except ImportError:\n pass\nelse:\n look_for_plugins_only_when_on()\n")
 _IMPORTED_ALONE = {
     "asyncio": _AS_THE_CLI + "import asyncio",
     "config": _AS_THE_CLI + "import asyncio, bothy.config",
@@ -211,6 +238,7 @@ async def _measure(root: Path) -> dict[str, list[float]]:
             for name, value in (await _run_once(site, server)).items():
                 figures.setdefault(name, []).append(value)
             figures.setdefault("bare", []).append(await _bare_python_s(env) * 1000)
+            figures.setdefault("imports", []).append(await _imports_alone_ms(env))
             init_s, thread_s = await _codex_alone_s(launch.argv, launch.env, site.workspace)
             figures.setdefault("codex_init", []).append(init_s * 1000)
             figures.setdefault("codex_thread", []).append(thread_s * 1000)
@@ -242,6 +270,14 @@ def main() -> None:
           f" median {median(figures['before_wake']):.1f} ms")
     print(f"   of which the supervisor itself (wake recorded → turn/start, minus codex init):"
           f" median {median(figures['inside']):.1f} ms")
+    set_up = [wake - bare - imports for wake, bare, imports in
+              zip(figures["before_wake"], figures["bare"], figures["imports"], strict=True)]
+    print(f"   the split, medians in ms: interpreter (bare) {median(figures['bare']):.1f},"
+          f" imports (alone, next to each run) {median(figures['imports']):.1f}, set-up (the"
+          f" rest before `wake received`: config, state, recovery) {median(set_up):.1f},"
+          f" gates (→ `run admitted`) {median(figures['gates']):.1f}, slot and spawn"
+          f" (→ codex spawned) {median(figures['spawn']):.1f}, codex's first steps and"
+          f" turn/start (→ sent, minus codex init) {median(figures['to_turn']):.1f}")
     print(f"   codex app-server's initialize within the run (spawn → answer):"
           f" median {median(figures['init']):.1f} ms; alone, spawned by this bench:"
           f" median {median(figures['codex_init']):.1f} ms")

@@ -25,6 +25,7 @@ from bothy.errors import (
     UsageError,
 )
 from bothy.exitcodes import ExitCode
+from bothy.pydanticplugins import look_for_plugins_only_when_on
 
 # ``typing`` costs a cold ``bothy status`` several milliseconds and is only needed by mypy
 # here (every annotation is a string); mypy reads any ``if TYPE_CHECKING:`` as true.
@@ -62,6 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # builds the config's first model (a scan on every start of every command); Bothy uses
     # none. An operator who wants one sets the variable (pydantic's docs: "Plugins").
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    # ...and pydantic's loader of them, which imports importlib.metadata to scan for them
+    # even when they are off, is not imported unless they are on (bothy/pydanticplugins.py).
+    look_for_plugins_only_when_on()
     try:
         code = _main(argv)
         if sys.stdout is not None:  # None when started with standard output closed (>&-)

@@ -123,3 +123,23 @@ def test_serve_imports_aiohttp_parsing_the_ca_bundle_once_and_still_verifies(
          str(certificates.key_pem)],
         capture_output=True, text=True, timeout=60, check=True, env=environ)
     assert done.stdout.strip() == "1 0 True verified"
+
+
+_RUN_PATH_SCRIPT = """
+import sys
+import bothy.cli, bothy.commandline, bothy.commands.foreground, bothy.progress, bothy.runtime
+import bothy.engine.supervisor, bothy.waits
+
+later = ("bothy.engine.turn", "bothy.engine.toolbox", "bothy.engine.questions",
+         "bothy.engine.verdicts", "bothy.engine.checklist")
+print(sorted(name for name in later if name in sys.modules))
+"""
+
+
+def test_a_runs_way_to_its_spawn_leaves_what_comes_after_it_unloaded() -> None:
+    """What `bothy run` imports up to the spawn of codex (the CLI, the run command, the site,
+    the supervisor) loads neither the turn's stream, the tools, the question board, the
+    approvals nor the checklist, which load while codex starts."""
+    done = subprocess.run([sys.executable, "-c", _RUN_PATH_SCRIPT], capture_output=True,
+                          text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[]"

@@ -65,13 +65,12 @@ def check_workspace(home: BothyHome, cfg: Config) -> None:
 
 async def run_in_foreground(rt: Runtime, request: RunRequest) -> RunResult:
     """Run ``request`` here, showing progress on stderr; a first signal stops it gracefully."""
-    from bothy.engine.questions import QuestionBoard
     from bothy.progress import PlainProgress, TerminalProgress
 
     supervisor = rt.supervisor()
     await supervisor.recover()
     progress = TerminalProgress() if sys.stderr.isatty() else PlainProgress()
-    answers = _TerminalAnswers(progress, QuestionBoard(rt.db, clock=rt.clock))
+    answers = _TerminalAnswers(progress, rt)
     try:
         result: RunResult = await _until_signal(
             lambda: supervisor.execute(request, progress, asker=answers), supervisor.stopping
@@ -94,11 +93,13 @@ def report_result(result: RunResult) -> int:
 
 class _TerminalAnswers:
     """Shows a question through the run's display; when stdin is a terminal, the next line
-    typed answers it (as ``bothy answer`` would from another shell)."""
+    typed answers it (as ``bothy answer`` would from another shell). The question board it
+    answers on is made at the first line typed: a run that asks nothing never loads it."""
 
-    def __init__(self, shown: Asker, board: QuestionBoard) -> None:
+    def __init__(self, shown: Asker, rt: Runtime) -> None:
         self._shown = shown
-        self._board = board
+        self._rt = rt
+        self._board: QuestionBoard | None = None
         self._run_id: str | None = None
         self._reading = False
         self._pending: set[asyncio.Task[Any]] = set()
@@ -116,6 +117,10 @@ class _TerminalAnswers:
     def _line(self, *_: Any) -> None:
         line = sys.stdin.readline().strip()
         if line and self._run_id is not None:
+            if self._board is None:
+                from bothy.engine.questions import QuestionBoard
+
+                self._board = QuestionBoard(self._rt.db, clock=self._rt.clock)
             by = f"{os.environ.get('USER', 'operator')}@terminal"
             task = asyncio.ensure_future(self._board.answer(self._run_id, line, by))
             self._pending.add(task)

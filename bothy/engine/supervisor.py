@@ -4,6 +4,11 @@ Each step is a method of :class:`Supervisor`; what the worker says during a turn
 :class:`~bothy.engine.turn.TurnStream`. The audit record that closes a run and its budget
 settlement are written in ``finally`` so that no exit path (limit, cancel, crash of the
 worker, our own cancellation) leaves a reservation or an unfinished trace behind.
+
+What a run needs only once codex has answered ``initialize`` (the turn's stream, the tools,
+the question board and the approvals behind them) is imported right after a cold codex is
+spawned and asked to initialize, while codex starts on its own (most of a cold start), not on
+the way through the gates to the spawn (issue 18).
 """
 
 from __future__ import annotations
@@ -20,12 +25,10 @@ from bothy.config import Config
 from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog, NewRecord
 from bothy.engine.budget import Admitted, BudgetGate, Refused, Ticket, budget_gate
-from bothy.engine.checklist import Checklist
 from bothy.engine.launch import Launch, build_launch
 from bothy.engine.pool import Waiting, Withdrawn, WorkerPool
 from bothy.engine.prices import PriceTable
 from bothy.engine.procgroup import GroupRecord, StopReport, process_start_time
-from bothy.engine.questions import QuestionBoard
 from bothy.engine.recovery import Recovered, Recovery
 from bothy.engine.run import (
     Outcome,
@@ -39,17 +42,19 @@ from bothy.engine.run import (
 )
 from bothy.engine.state import StateDB
 from bothy.engine.task_link import TaskClaims, TaskLink
-from bothy.engine.tokenmeter import TokenMeter
-from bothy.engine.toolbox import Asker, RunScope, Toolbox
 from bothy.engine.traceids import traceparent
-from bothy.engine.turn import LiveRun, Turn, TurnStream
-from bothy.engine.verdicts import ApprovalStore
 from bothy.engine.worker import ThreadInfo, ThreadParams, Worker
 from bothy.errors import AppServerError, ProcessGroupError
 from bothy.money import format_usd
 
 if TYPE_CHECKING:
+    from bothy.engine.checklist import Checklist
+    from bothy.engine.questions import QuestionBoard
     from bothy.engine.spare import Cold, Spare  # (only bothy serve keeps a spare)
+    from bothy.engine.tokenmeter import TokenMeter
+    from bothy.engine.toolbox import Asker, Toolbox
+    from bothy.engine.turn import LiveRun, Turn, TurnStream
+    from bothy.engine.verdicts import ApprovalStore
     from bothy.memory.session import MemorySession
     from bothy.memory.site import SiteMemory
 
@@ -96,9 +101,8 @@ class Supervisor:
     ) -> None:
         self._cfg = cfg
         self._memory = memory
-        self._checklist = Checklist(checklist_path)
-        self._board = QuestionBoard(db, clock=clock)
-        self._approvals = ApprovalStore(db, clock=clock)
+        self._checklist_path = checklist_path
+        self._tools: _ToolParts | None = None  # made by the first run that has a worker
         self._db = db
         self._audit = audit
         self._alerts = alerts
@@ -336,7 +340,6 @@ class Supervisor:
         asker: Asker, link: TaskLink | None, closing: _Closing,
     ) -> RunEnd:
         deadline = asyncio.get_running_loop().time() + request.wall_clock_s
-        toolbox = self._toolbox(run_id, request, asker, deadline, link)
         launch = self._launch_for(request)
         taken = await self._spare.take(launch, self._cfg.workspace) if self._spare else None
         worker = taken if isinstance(taken, Worker) else Worker(
@@ -350,10 +353,18 @@ class Supervisor:
         # turn/start, and records anything of the run, only once this is done.
         started = asyncio.ensure_future(
             self._started(run_id, request.subject, record, launch, taken, progress))
+        # A cold codex is asked to initialize at once; what the run needs only once it answers
+        # is loaded while it starts (the module's docstring), and _prepared awaits the answer.
+        initializing = None if worker.initialized else asyncio.ensure_future(worker.initialize())
+        toolbox: Toolbox | None = None
         try:
             try:
+                await asyncio.sleep(0)  # (initialize is written to codex before the imports)
+                from bothy.engine.turn import LiveRun
+
+                toolbox = self._toolbox(run_id, request, asker, deadline, link)
                 live = LiveRun(request, worker, worker.events, progress, toolbox, deadline)
-                ended = await self._converse(run_id, live, admitted, started)
+                ended = await self._converse(run_id, live, admitted, started, initializing)
             except AppServerError as exc:
                 ended = RunEnd(Outcome.FAILED, worker.failure(str(exc)))
             except BaseException:  # cancelled, or broken: the worker is stopped, then we go
@@ -361,6 +372,12 @@ class Supervisor:
                 await self._stop_worker(run_id, request.subject, worker, toolbox,
                                         asyncio.ensure_future(self._end_worker(worker)))
                 raise
+            finally:  # initialize settled and its outcome taken, whether awaited or not
+                if initializing is not None:
+                    initializing.cancel()  # (a no-op once it is done)
+                    await asyncio.wait({initializing})
+                    if not initializing.cancelled():
+                        initializing.exception()  # (an error of it is met as the run's, or moot)
             if closing.tells:
                 await self._told_while_stopping(run_id, request.subject, worker, toolbox,
                                                 ended, closing)
@@ -374,7 +391,7 @@ class Supervisor:
                 self._spare.start()  # a no-op if one is held or starting
 
     async def _told_while_stopping(
-        self, run_id: str, subject: str, worker: Worker, toolbox: Toolbox, ended: RunEnd,
+        self, run_id: str, subject: str, worker: Worker, toolbox: Toolbox | None, ended: RunEnd,
         closing: _Closing,
     ) -> None:
         """The run's end settled and recorded, then told, then its worker stopped: codex's
@@ -419,14 +436,15 @@ class Supervisor:
         return await worker.stop(grace_s=self._cfg.limits.stop_grace_s)
 
     async def _stop_worker(
-        self, run_id: str, subject: str, worker: Worker, toolbox: Toolbox,
+        self, run_id: str, subject: str, worker: Worker, toolbox: Toolbox | None,
         ending: asyncio.Future[StopReport | None],
     ) -> None:
-        """Wait for the worker's group to end (``ending``), stop the run's tools, record
-        `worker stopped`, then forget the group recovery would have ended (freeing the lane
-        and the slot it held)."""
+        """Wait for the worker's group to end (``ending``), stop the run's tools (if it got as
+        far as having them), record `worker stopped`, then forget the group recovery would
+        have ended (freeing the lane and the slot it held)."""
         report = await asyncio.shield(ending)
-        await asyncio.shield(toolbox.stop())
+        if toolbox is not None:
+            await asyncio.shield(toolbox.stop())
         await asyncio.shield(self._audit.record(
             "worker", "stopped", "failed" if report and report.survivors else "ok",
             subject=subject, run_id=run_id,
@@ -441,6 +459,8 @@ class Supervisor:
         self, run_id: str, request: RunRequest, asker: Asker, deadline: float,
         link: TaskLink | None,
     ) -> Toolbox:
+        from bothy.engine.toolbox import RunScope, Toolbox
+
         profile = self._cfg.profiles.get(request.profile) if request.profile else None
         mcp = None
         if profile is not None and profile.mcp_servers and not request.dream:
@@ -466,10 +486,24 @@ class Supervisor:
         granted = None if request.dream else profile
         scope = RunScope(run_id, request.subject, request.profile, granted, request.trusted,
                          request.can_hold)
-        return Toolbox(scope, audit=self._audit, board=self._board, approvals=self._approvals,
-                       checklist=self._checklist, mcp=mcp, asker=asker, alerts=self._alerts,
+        parts = self._tool_parts()
+        return Toolbox(scope, audit=self._audit, board=parts.board, approvals=parts.approvals,
+                       checklist=parts.checklist, mcp=mcp, asker=asker, alerts=self._alerts,
                        should_stop=should_stop, hold_left_s=hold_left_s, task=link,
                        memory=self._memory_session(run_id, request))
+
+    def _tool_parts(self) -> _ToolParts:
+        """The checklist, question board and approvals every run's tools share: made, with
+        their modules, by the first run that reaches its worker."""
+        if self._tools is None:
+            from bothy.engine.checklist import Checklist
+            from bothy.engine.questions import QuestionBoard
+            from bothy.engine.verdicts import ApprovalStore
+
+            self._tools = _ToolParts(Checklist(self._checklist_path),
+                                     QuestionBoard(self._db, clock=self._clock),
+                                     ApprovalStore(self._db, clock=self._clock))
+        return self._tools
 
     def _memory_session(self, run_id: str, request: RunRequest) -> MemorySession | None:
         """The run's memory, if its profile has it on (bothy.memory owns what it does)."""
@@ -484,25 +518,27 @@ class Supervisor:
                              dream=request.dream)
 
     async def _converse(self, run_id: str, live: LiveRun, admitted: Admitted,
-                        started: asyncio.Future[None]) -> RunEnd:
+                        started: asyncio.Future[None],
+                        initializing: asyncio.Future[Any] | None) -> RunEnd:
         """The run's conversation with codex. ``started`` is the run's start being made
         durable: codex's first steps go beside it; the run's tools and memory start, and
         anything of the run is recorded, only after it, and turn/start (the first step that
-        can spend) only once it is done."""
+        can spend) only once it is done. ``initializing`` is a cold codex's initialize, asked
+        already (None for a spare's, answered before the run took it)."""
         try:
-            thread = await self._prepared(run_id, live, started)
+            thread = await self._prepared(run_id, live, started, initializing)
         finally:
             await asyncio.shield(started)  # its failure (a broken register) outranks codex's
         return await self._turned(run_id, live, admitted, thread)
 
-    async def _prepared(self, run_id: str, live: LiveRun,
-                        started: asyncio.Future[None]) -> ThreadInfo:
+    async def _prepared(self, run_id: str, live: LiveRun, started: asyncio.Future[None],
+                        initializing: asyncio.Future[Any] | None) -> ThreadInfo:
         """Codex initialized (when cold), its skill roots set and the run's thread started,
         resumed or taken (the spare's, started ahead): none of it spends, nor is recorded,
         before ``started``."""
         request, worker = live.request, live.worker
-        if not worker.initialized:  # the spare's was answered before the run took it
-            await worker.initialize()
+        if initializing is not None:  # the spare's was answered before the run took it
+            await initializing
         profile = self._cfg.profiles.get(request.profile) if request.profile else None
         if request.dream:
             profile = None  # a dream gets neither the profile's skills nor its sandbox
@@ -518,6 +554,8 @@ class Supervisor:
 
     async def _turned(self, run_id: str, live: LiveRun, admitted: Admitted,
                       thread: ThreadInfo) -> RunEnd:
+        from bothy.engine.turn import Turn, TurnStream  # (loaded with LiveRun, in _work)
+
         request, worker = live.request, live.worker
         # The model the thread got is noted while its turn starts: the price gate, which
         # comes first, needs no commit, and codex starts the turn meanwhile.
@@ -676,6 +714,16 @@ class Supervisor:
         ))
         return RunResult(run_id, ended.outcome, settlement.cost_micros, kept, ended.reason,
                          thread_id=self._threads.pop(run_id, None))
+
+
+class _ToolParts:
+    """What the tools of every run of one supervisor share."""
+
+    def __init__(self, checklist: Checklist, board: QuestionBoard,
+                 approvals: ApprovalStore) -> None:
+        self.checklist = checklist
+        self.board = board
+        self.approvals = approvals
 
 
 class _Closing:
