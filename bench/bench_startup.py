@@ -17,8 +17,11 @@ Both starts go through ``nsenter`` there, the bare interpreter's too.
 site's start costs (the chain is verified before serve appends to it).
 
 Then the serve process's resident set (psutil's RSS) after ``IDLE_S`` idle: Slack alone
-(a), and both connected (b), with the spare app-server's beside it. Targets are printed
-goals, never assertions.
+(a), and both connected (b), with the spare app-server's beside it, and where (b)'s lies
+(Linux: ``/proc/PID/smaps_rollup``): anonymous pages (Python's objects, above all the code
+of every module imported, and the C libraries' heaps) and file-backed ones (the
+interpreter's and the extension modules' own pages, counted in RSS though shared), and how
+many threads hold it. Targets are printed goals, never assertions.
 """
 
 from __future__ import annotations
@@ -96,6 +99,12 @@ async def _bench(root: Path) -> None:
            RSS_TARGET_MB, higher_is_better=False)
     _note("MB = 10^6 bytes; psutil's rss of the serve process alone; beside it, the spare"
           f" app-server waiting (codex, its whole process group): {both.spare_mb:.1f} MB")
+    if both.rollup:
+        _note(f"smaps_rollup's walk of it: Rss {both.rollup['Rss']:.1f} MB, of which anonymous"
+              f" {both.rollup['Anonymous']:.1f} MB (Python's objects, most of them the imported"
+              " modules' code; the C libraries' heaps) and file-backed"
+              f" {both.rollup['Rss'] - both.rollup['Anonymous']:.1f} MB (the interpreter's and"
+              f" the libraries' mapped pages); {both.threads} threads")
 
 
 @dataclass
@@ -108,6 +117,8 @@ class _Starts:
     main_cpu_ms: list[float] = field(default_factory=list)  # ... its main thread's alone
     idle_mb: float = 0.0
     spare_mb: float = 0.0  # the spare app-server's group, beside the idle serve (0: none yet)
+    rollup: dict[str, float] = field(default_factory=dict)  # the idle serve's smaps_rollup (MB)
+    threads: int = 0  # ... and its threads
     bench_cpu_ms: float = 0.0  # this process's CPU (the fakes, the polls) per start
 
     def explain(self, what: str, bare_ms: list[float]) -> None:
@@ -141,10 +152,27 @@ async def _starts(site: Any, *, idle: bool = False) -> _Starts:
             measured.starting_ms.append(starting_s * 1000)
             if idle and n == STARTS - 1:
                 await asyncio.sleep(IDLE_S)  # idle on purpose: the memory of a serve that waits
-                measured.idle_mb = psutil.Process(process.pid).memory_info().rss / 1e6
+                measured.idle_mb = serving.memory_info().rss / 1e6
+                measured.rollup = _rollup_mb(process.pid)
+                measured.threads = serving.num_threads()
                 measured.spare_mb = _spare_mb(site)
     measured.bench_cpu_ms = (time.process_time() - bench_cpu) * 1000 / STARTS
     return measured
+
+
+def _rollup_mb(pid: int) -> dict[str, float]:
+    """``/proc/PID/smaps_rollup``'s sizes (``Rss``, ``Anonymous``…) in MB; empty where there is
+    none (not Linux, or a kernel before 4.14)."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return {}
+    sizes = {}
+    for line in text.splitlines()[1:]:  # the first line names the address range
+        name, _, rest = line.partition(":")
+        if rest.strip().endswith("kB"):
+            sizes[name] = int(rest.split()[0]) * 1024 / 1e6
+    return sizes
 
 
 def _spare_mb(site: Any) -> float:
