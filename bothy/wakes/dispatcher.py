@@ -57,7 +57,6 @@ class Recovered:
     interrupted: list[Interrupted] = field(default_factory=list)
     reinserted: int = 0  # payloads that had no row: queued to run
     already_run: int = 0  # of those, closed: the register shows they ran, or were ignored
-    refused: int = 0  # refused, recorded, row not yet told: deferred or abandoned as recorded
 
 
 @runtime_checkable
@@ -128,7 +127,6 @@ class Dispatcher:
                     if wake.run_id else None)
             if step is not None:  # refused, recorded, and stopped before its row said so
                 await self._carry_out(wake, step)
-                found.refused += 1
                 continue
             row = await self._db.run(wake.run_id) if wake.run_id else None
             if row is None or row.started_us is None:

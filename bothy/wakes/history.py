@@ -47,7 +47,7 @@ class Abandoned:
 
 class RunHistory:
     """Deliveries the register shows were run ((route, delivery key) → the run id), or
-    ignored."""
+    ignored, and what it decided of each attempt refused at a gate."""
 
     def __init__(self, records: Iterable[AuditRecord]) -> None:
         woken: dict[str, tuple[str, str]] = {}  # wake id (or, in older records, run id)
