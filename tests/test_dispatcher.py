@@ -32,7 +32,8 @@ from tests.fakes.shell import until
 async def test_a_wake_that_cannot_be_handled_is_abandoned_audited_and_raised(
     tmp_path: Path,
 ) -> None:
-    """A chat wake whose payload is corrupt: `wake crashed`, abandoned, an alert — no hang."""
+    """A chat wake whose payload is corrupt: `wake crashed`, abandoned, an alert — no hang;
+    its row names no run (none was asked for under the id its claim named)."""
     home = BothyHome(tmp_path / "home")
     (tmp_path / "work").mkdir()
     cfg = parse_config({"site": "t", "workspace": str(tmp_path / "work"),
@@ -61,9 +62,9 @@ async def test_a_wake_that_cannot_be_handled_is_abandoned_audited_and_raised(
         finally:
             dispatcher.stop_intake()
             await running
-        rows = await rt.db.fetch_all("SELECT status, note FROM wakes")
-    assert [(row["status"], row["note"].split(":")[0]) for row in rows] == [
-        ("abandoned", "handling it failed")]
+        rows = await rt.db.fetch_all("SELECT status, note, run_id FROM wakes")
+    assert [(row["status"], row["note"].split(":")[0], row["run_id"]) for row in rows] == [
+        ("abandoned", "handling it failed", None)]
     events = [(r.kind, r.event, r.outcome) for r in AuditLog(home.audit_path).records()]
     assert ("wake", "crashed", "failed") in events
     assert ("alert", "undelivered", "failed") in events

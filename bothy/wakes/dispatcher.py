@@ -33,7 +33,7 @@ from bothy.waits import first_of
 from bothy.wakes import schedules
 from bothy.wakes.delivery import POLL, Delivery, wake_details
 from bothy.wakes.handlers import Quiet, WakeHandler, WakeStart
-from bothy.wakes.history import RunHistory
+from bothy.wakes.history import Abandoned, Deferred, RunHistory
 from bothy.wakes.inbox import Inbox, Reinserted, WakeRow
 from bothy.wakes.jobs import Ignored
 
@@ -110,8 +110,11 @@ class Dispatcher:
     async def recover(self) -> Recovered:
         """At start-up, before intake: give a row to each payload file without one (closed
         if the register shows it ran, else queued); then, of the wakes a dead daemon left
-        ``running``, requeue those whose run never started and close those whose run was
-        under way (returned, so that whoever waits can be told). All of it audited."""
+        ``running``, finish those the register shows refused as it recorded (deferred until
+        the time it said, or abandoned and alerted: its `wake deferred` or `wake abandoned`
+        was committed before the row could say so), requeue those whose run never started,
+        and close those whose run was under way (returned, so that whoever waits can be
+        told). All of it audited."""
         history = await asyncio.to_thread(RunHistory.from_register, self._audit)
         found = Recovered()
         for restored in await self._inbox.recover(history.ran_as, history.ignored):
@@ -120,6 +123,11 @@ class Dispatcher:
             found.reinserted += not closed
             found.already_run += closed
         for wake in await self._inbox.in_flight():
+            step = (history.refused_step(wake.run_id, wake.route, wake.key, wake.attempts + 1)
+                    if wake.run_id else None)
+            if step is not None:  # refused, recorded, and stopped before its row said so
+                await self._carry_out(wake, step)
+                continue
             row = await self._db.run(wake.run_id) if wake.run_id else None
             if row is None or row.started_us is None:
                 # Never admitted, or admitted but still waiting for a slot (the sweep closed
@@ -137,6 +145,21 @@ class Dispatcher:
                                                                  "note": note})
             found.interrupted.append(Interrupted(wake, row))
         return found
+
+    async def _carry_out(self, wake: WakeRow, step: Deferred | Abandoned) -> None:
+        """Do to a wake's row what the register already decided of its refused attempt:
+        queued again when its `wake deferred` said (not a fresh delay, and not recorded
+        twice), or closed abandoned and alerted, as :meth:`_refused` would have."""
+        if isinstance(step, Abandoned):
+            await self._abandon(wake, step.reason)
+            return
+        await self._inbox.retry_later(wake.id, next_try_us=to_us(step.due_at),
+                                      note=_deferred_note(wake.attempts + 1, step.reason))
+
+    async def _abandon(self, wake: WakeRow, note: str) -> None:
+        """Close a refused wake abandoned (its row keeps the refused run's id), out loud."""
+        await self._inbox.finish(wake.id, "abandoned", run_id=None, note=note)
+        await self._alerts.raise_alert(f"wake {wake.key}", note, subject=_subject(wake))
 
     async def _reinserted(self, wake: Reinserted) -> None:
         details: dict[str, Any] = {"route": wake.route, "delivery": wake.key,
@@ -223,9 +246,12 @@ class Dispatcher:
 
     async def _guarded(self, wake: WakeRow, run_id: str, admitted: asyncio.Event) -> None:
         """Handle a wake; one that breaks (a corrupt payload, a bug) is closed out loud
-        instead of vanishing with its task: recorded, abandoned, and raised as an alert."""
+        instead of vanishing with its task: recorded, abandoned, and raised as an alert. Its
+        row keeps the run id its claim named only if a run was asked for under it."""
+        start: WakeStart | None = None
         try:
-            await self._handle(wake, run_id, admitted)
+            start, retry = self._start(wake, run_id, admitted)
+            await self._handle(wake, start, retry)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # any failure here must be heard, not lost
@@ -233,19 +259,27 @@ class Dispatcher:
             await self._audit.record("wake", "crashed", "failed", subject=_subject(wake),
                                      details={"delivery": wake.key, "reason": reason})
             await self._inbox.finish(wake.id, "abandoned", run_id=None,
-                                     note=f"handling it failed: {reason}")
+                                     note=f"handling it failed: {reason}",
+                                     ran=start is not None and start.requested)
             await self._alerts.raise_alert(
                 f"wake {wake.key}", f"handling it failed: {reason}", subject=_subject(wake)
             )
 
-    async def _handle(self, wake: WakeRow, run_id: str, admitted: asyncio.Event) -> None:
-        delivery = await self._inbox.load(wake)
+    def _start(
+        self, wake: WakeRow, run_id: str, admitted: asyncio.Event
+    ) -> tuple[WakeStart, _Retry | None]:
+        """What the wake's handler is given, and what a refusal will make of the wake."""
         handler = self._handlers.get(wake.source)
         details = _details(wake)
         retry = _Retry(self._cfg, wake, details) if handler and handler.retries_refused else None
         start = WakeStart(run_id, details, wake_id=wake.id,
                           inbox=self._inbox, supervisor=self._supervisor, admitted=admitted,
                           refused_with=retry.records if retry is not None else None)
+        return start, retry
+
+    async def _handle(self, wake: WakeRow, start: WakeStart, retry: _Retry | None) -> None:
+        delivery = await self._inbox.load(wake)
+        handler = self._handlers.get(wake.source)
         if handler is None:
             await self._ignore(wake, start, f"no {wake.source} wakes are taken here: that"
                                             " part is not configured")
@@ -278,13 +312,11 @@ class Dispatcher:
             kind, event, outcome, subject, _, details = retry.record_for(reason)
             await self._audit.record(kind, event, outcome, subject=subject, details=details)
         if retry.abandons:
-            note = retry.abandon_note(reason)
-            await self._inbox.finish(wake.id, "abandoned", run_id=None, note=note)
-            await self._alerts.raise_alert(f"wake {wake.key}", note, subject=_subject(wake))
+            await self._abandon(wake, retry.abandon_note(reason))
             return
         next_try_us = to_us(self._clock()) + int(retry.delay_s * 1_000_000)
         await self._inbox.retry_later(wake.id, next_try_us=next_try_us,
-                                      note=f"attempt {retry.attempts} refused: {reason}")
+                                      note=_deferred_note(retry.attempts, reason))
 
 
 class _Retry:
@@ -316,6 +348,11 @@ class _Retry:
         return NewRecord("wake", "deferred", "pending", subject=self._subject,
                          details={**self._details, "reason": reason,
                                   "retry_in_s": self.delay_s})
+
+
+def _deferred_note(attempt: int, reason: str) -> str:
+    """The row's note of a wake deferred at a gate."""
+    return f"attempt {attempt} refused: {reason}"
 
 
 def _details(wake: WakeRow) -> dict[str, Any]:

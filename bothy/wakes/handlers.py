@@ -97,6 +97,7 @@ class WakeStart:
         self._admitted = admitted
         self._refused_with = refused_with
         self.done = False  # the wake was closed once its run's end was told
+        self.requested = False  # a run was asked for: the claim's run id is in use
 
     async def run(self, request: RunRequest, *, asker: Asker | None = None,
                   told: Told | None = None) -> RunResult:
@@ -110,6 +111,7 @@ class WakeStart:
 
         A refusal at admission is recorded with what the dispatcher makes of it (the wake
         deferred or abandoned: ``refused_with``), in one commit."""
+        self.requested = True
         if told is None:
             return await self._supervisor.execute(request, asker=asker, admitted=self._admitted,
                                                   refused_with=self._refused_with)
