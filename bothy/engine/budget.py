@@ -130,16 +130,17 @@ class BudgetGate:
         """Reserve the ticket's worst case, or refuse with every figure.
 
         Two round trips to the database, neither holding it between them (a ``bothy
-        serve``'s intake shares the connection), unless the figures moved: the day's figures, read in one
-        statement as one committed snapshot, refuse at once a ticket they cannot hold;
-        otherwise one writing statement inserts the run only if those figures still stand and
-        the ticket fits (it takes the write lock before it reads, as BEGIN IMMEDIATE would, so
-        two processes can never both pass a ceiling they together exceed). A refusal needs no
-        lock: it reserves nothing, and its figures are a moment at which the ticket did not
-        fit. If the figures moved in between (another run admitted, spent or settled), the
-        decision is taken again in one ``BEGIN IMMEDIATE`` transaction. An admission
-        cancelled once its statement has run keeps its row: a queued run that no record
-        names, whose reservation the sweep of a dead owner's runs releases.
+        serve``'s intake shares the connection), unless the figures moved: the day's
+        figures, read in one statement as one committed snapshot, refuse at once a ticket
+        they cannot hold; otherwise one writing statement inserts the run only if those
+        figures still stand and the ticket fits (it takes the write lock before it reads, as
+        BEGIN IMMEDIATE would, so two processes can never both pass a ceiling they together
+        exceed). A refusal needs no lock: it reserves nothing, and its figures are a moment
+        at which the ticket did not fit. If the figures moved in between (another run
+        admitted, spent or settled), the decision is taken again in one ``BEGIN IMMEDIATE``
+        transaction. An admission cancelled once its statement has run keeps its row: a
+        queued run that no record names, whose reservation the sweep of a dead owner's runs
+        releases.
 
         ``on_wait`` is told why admission waits, when it does (the plan gate's learner).
         """
