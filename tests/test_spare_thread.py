@@ -1,5 +1,7 @@
 """The thread the spare app-server starts ahead (issue 18): taken by the run whose thread would
-be started alike, and by no other; left unused, it leaves nothing under CODEX_HOME.
+be started alike, and by no other, nor once the workspace's AGENTS.md changed (codex reads it
+into a thread at thread/start); left unused, it leaves nothing under CODEX_HOME once its
+app-server ends in order.
 
 The real ``bothy serve`` as a subprocess with the real pinned codex against the scripted
 model, a real Slack mention through the fake Slack and a real signed delivery; what is checked
@@ -151,6 +153,37 @@ async def test_a_run_whose_thread_differs_starts_its_own_on_the_spare(
     [turn_two] = _of(site, "turn", "started", str(finished[-1].run_id))
     assert (turn_two.details["thread"], turn_two.details["thread_id"]) == (
         "ahead", plain.details["thread_id"])
+
+
+async def test_a_run_after_agents_md_changed_starts_its_own_thread_with_the_new_rules(
+    server: ModelServer, slack: FakeSlack, tmp_path: Path
+) -> None:
+    """AGENTS.md rewritten after the spare made its thread: the mention's run takes the spare
+    but not that thread (codex read the old AGENTS.md into it), `turn started` says why
+    (`thread: started`, AGENTS.md changed), and the model is asked under the new rules."""
+    server.script(text("Understood."))
+    site = _chat_site(tmp_path, server, slack)
+    agents_md = site.workspace / "AGENTS.md"
+    agents_md.write_text("Old rule: push wherever you like.\n")
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        [spare] = await _spares_started(site, 1)
+        agents_md.write_text("New rule: never push to main.\n")
+        ts = slack.send_mention(OPERATOR, CHANNEL, "ship the fix")
+        await until(lambda: any(p.thread_ts == ts for p in slack.posts), "the answer")
+        [first] = await until_count(site, "run", "finished", "ok", 1)
+        assert await serving.stop() == 0
+
+    [started] = _of(site, "run", "started", str(first.run_id))
+    assert (started.details["spare"], started.details["pgid"]) == ("taken", spare.details["pgid"])
+    [turn] = _of(site, "turn", "started", str(first.run_id))
+    assert turn.details["thread"] == "started"
+    assert turn.details["thread_id"] != spare.details["thread_id"]
+    assert turn.details["thread_ahead_unused"] == (
+        f"{agents_md} changed after the thread was started ahead")
+    asked = str(server.requests[0]["input"])
+    assert "New rule: never push to main." in asked
+    assert "Old rule" not in asked
 
 
 async def test_the_stop_ends_the_spare_and_its_unused_thread_leaves_nothing(

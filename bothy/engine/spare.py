@@ -13,10 +13,13 @@ is asked (docs/ARCHITECTURE.md, "The spare"). ``bothy serve`` pays it ahead:
   turn), with the params of the last run's new thread that could be started ahead (one with
   no dynamic tools and no skill roots: those are the run's own; :meth:`Spare.expect`), at
   first a plain run's. The run takes that thread only if the thread it would start has equal
-  params (``Worker.take_thread_ahead``); otherwise, or when it resumes a conversation's
-  thread, it starts its own on the spare as before, and the one made ahead is left unused.
-  codex writes a thread's rollout only at its first turn: an unused thread leaves nothing
-  under ``CODEX_HOME`` once its app-server ends (its shell snapshot and lock go with it);
+  params and nothing codex read into it as it started it has changed since (the workspace's
+  AGENTS.md, the date: ``engine/threadinputs.py``; ``Worker.take_thread_ahead``); otherwise,
+  or when it resumes a conversation's thread, it starts its own on the spare as before, and
+  the one made ahead is left unused. codex writes a thread's rollout only at its first turn:
+  an unused thread leaves nothing under ``CODEX_HOME`` once its app-server exits in order
+  (its shell snapshot and lock go with it); a group SIGKILLed (serve killed, then recovery)
+  leaves the thread's ``thread-writer-locks/<id>.lock`` behind;
 * it is handed to exactly one run: :meth:`Spare.take` forgets it before its first ``await``,
   so no second run can have it; its row goes once the run has recorded the group as its own
   (:meth:`Spare.run_started`); the next spare is started when that run ends, or a second

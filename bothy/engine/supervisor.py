@@ -618,7 +618,7 @@ class Supervisor:
                               skill_roots=skill_roots)
         if self._spare is not None:  # the next spare's thread is started as this one's
             self._spare.expect(self._launch_for(request), params)
-        ahead = worker.take_thread_ahead(params) if worker.thread_ahead else None
+        ahead = await worker.take_thread_ahead(params) if worker.thread_ahead else None
         if isinstance(ahead, ThreadInfo):
             thread = ahead
         else:

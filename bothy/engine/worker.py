@@ -4,7 +4,9 @@ The worker knows the protocol's request/response calls (initialize, thread/start
 turn/interrupt) and nothing about budgets or policy; what the app-server says on its own
 (notifications, approval requests) lands in the events queue the supervisor drains. A thread
 can be started before any run has the worker (the spare's, :class:`ThreadAhead`): a run takes
-it only if it would have started a thread with the same :class:`ThreadParams`.
+it only if it would have started a thread with the same :class:`ThreadParams`, and nothing
+codex reads into a thread as it starts it (:class:`ThreadInputs`: the workspace's AGENTS.md)
+changed since.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from bothy import __version__
 from bothy.engine.launch import Launch
 from bothy.engine.procgroup import GroupRecord, ProcessGroup, StopReport
 from bothy.engine.rpc import MAX_FRAME_BYTES, RpcConnection
+from bothy.engine.threadinputs import ThreadInputs
 from bothy.errors import AppServerError
 
 _INIT_TIMEOUT_S = 60.0
@@ -66,10 +69,12 @@ class ThreadParams:
 
 @dataclass(frozen=True)
 class ThreadAhead:
-    """A thread started on an app-server before any run had it, and with what."""
+    """A thread started on an app-server before any run had it, with what, and what codex
+    read into it then (read just before its thread/start)."""
 
     params: ThreadParams
     info: ThreadInfo
+    inputs: ThreadInputs
 
 
 class Worker:
@@ -168,24 +173,34 @@ class Worker:
     async def start_thread_ahead(self, params: ThreadParams) -> ThreadAhead:
         """A thread started before any run has this worker (the spare's): the run that takes
         the worker takes it only if it would start a thread with equal params
-        (:meth:`take_thread_ahead`)."""
+        (:meth:`take_thread_ahead`) and nothing codex reads into a thread changed since."""
+        inputs = await self._thread_inputs()  # before: a change meanwhile counts as one
         info = await self.start_thread(params)
-        self.thread_ahead = ThreadAhead(params, replace(info, origin="ahead"))
+        self.thread_ahead = ThreadAhead(params, replace(info, origin="ahead"), inputs)
         return self.thread_ahead
 
-    def take_thread_ahead(self, params: ThreadParams) -> ThreadInfo | str:
-        """The thread started ahead, if it was started with ``params``; else why not. Either
-        way it is offered once: a later thread of this worker is started as asked."""
+    async def take_thread_ahead(self, params: ThreadParams) -> ThreadInfo | str:
+        """The thread started ahead, if it was started with ``params`` and what codex read into
+        it is still so (the workspace's AGENTS.md, the date); else why not. Either way it is
+        offered once: a later thread of this worker is started as asked."""
         ahead, self.thread_ahead = self.thread_ahead, None
         if ahead is None:
             return "no thread was started ahead"
         differ = ahead.params.differences(params)
         if differ:
             return f"the run's thread differs from the one started ahead in {', '.join(differ)}"
+        stale = (await self._thread_inputs()).changed_since(ahead.inputs)
+        if stale is not None:
+            return stale
         # The run sent no thread/start: none of its turns is timed against the one made ahead.
         self.marks.pop("thread_start_sent", None)
         self.marks.pop("thread_started", None)
         return ahead.info
+
+    async def _thread_inputs(self) -> ThreadInputs:
+        # A few dozen stats (bothy/engine/threadinputs.py): 0.1-0.3 ms here, more on a
+        # workspace on a network filesystem; off the event loop, as every disk read.
+        return await asyncio.to_thread(ThreadInputs.read, self._cwd, self._launch.argv)
 
     async def resume_thread(
         self, thread_id: str, *, model: str | None, sandbox: str, approval_policy: str
