@@ -9,6 +9,15 @@ file): ~35 ms of CPU and ~0.85 MB of `bothy serve`'s start here, for certificate
 with ``verify_mode`` CERT_NONE never reads (issue 18). :func:`import_aiohttp` imports aiohttp
 with that call skipped for such a context only, and ``ssl`` is left as it was.
 
+``aiohttp.web_fileresponse`` makes its own ``mimetypes.MimeTypes`` table as it loads, for the
+files a server sends (Bothy sends none), and that constructor first fills the standard
+library's module-wide table from ``/etc/mime.types`` (~2,000 entries) when nobody has yet:
+~0.4 MB of `bothy serve`'s idle memory for a table it never reads (issue 18). aiohttp's own
+table holds only the standard library's built-in types either way (a ``MimeTypes()`` never
+reads the system files itself). :func:`import_aiohttp` lets the module-wide one be filled as
+``mimetypes`` does it when nothing asks ahead: at the first ``guess_type`` (a Slack or Discord
+upload's, say), which reads the system files then.
+
 The verifying context's own parse is as long again (~11 % of serve's start-up instructions,
 though they run fast: ~10 ms here) and needs no Python: ``set_default_verify_paths`` releases
 the GIL while OpenSSL reads the bundle. So :func:`import_aiohttp` does not make it inline:
@@ -21,6 +30,7 @@ verify against an empty store and refuse every server, never accept one.
 
 from __future__ import annotations
 
+import mimetypes
 import ssl
 import sys
 import threading
@@ -47,10 +57,17 @@ def import_aiohttp() -> Future[None]:
     # Replaced for the import only (one thread: serve has started none yet), put back after.
     # (typeshed spells the method's self twice, so no function matches its type.)
     ssl.SSLContext.set_default_verify_paths = later_unless_verifying_nothing  # type: ignore[method-assign, assignment]
+    # Said filled for the import only, so that aiohttp's table does not fill it; said unfilled
+    # after, so that the first guess fills it (mimetypes.guess_type: "if _db is None: init()").
+    filled = mimetypes.inited
+    mimetypes.inited = True
     try:
-        import aiohttp.connector  # noqa: F401  (imported for its module-level contexts)
+        # Imported for what they make as they load: the contexts, and the table.
+        import aiohttp.connector
+        import aiohttp.web_fileresponse  # noqa: F401  (only loaded: made while flagged)
     finally:
         ssl.SSLContext.set_default_verify_paths = loading  # type: ignore[method-assign]
+        mimetypes.inited = filled
 
     def load() -> None:
         try:

@@ -143,3 +143,31 @@ def test_a_runs_way_to_its_spawn_leaves_what_comes_after_it_unloaded() -> None:
     done = subprocess.run([sys.executable, "-c", _RUN_PATH_SCRIPT], capture_output=True,
                           text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"
+
+
+_MIMETYPES_SCRIPT = """
+import mimetypes, sys
+
+mimetypes.knownfiles = [sys.argv[1]]  # the system's table, as /etc/mime.types would be
+from bothy.aiohttpimport import import_aiohttp
+
+import_aiohttp().result()
+from aiohttp import web_fileresponse
+
+unread = not mimetypes.inited
+served = [web_fileresponse.CONTENT_TYPES.guess_type(name)[0] for name in ("a.json", "b.gz")]
+print(unread, served, mimetypes.guess_type("c.bothyrecord")[0])
+"""
+
+
+def test_serve_imports_aiohttp_leaving_the_system_mime_table_unread_until_a_guess(
+    tmp_path: Path,
+) -> None:
+    """aiohttp's own table still knows its types, the system's table is not read while
+    serve starts, and the first guess of a type only that table names still finds it."""
+    table = tmp_path / "mime.types"
+    table.write_text("application/x-bothy-record\tbothyrecord\n")
+    done = subprocess.run([sys.executable, "-c", _MIMETYPES_SCRIPT, str(table)],
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == (
+        "True ['application/json', 'application/gzip'] application/x-bothy-record")
