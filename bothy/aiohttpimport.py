@@ -1,5 +1,6 @@
-"""Importing aiohttp without the CA bundle parse its unverifying TLS context never uses, and
-with the one its verifying context needs made beside the rest of the start.
+"""Importing aiohttp without what `bothy serve` never uses of it (the CA bundle parse of its
+unverifying TLS context, the system's mime table, a C++ runtime for its signal lists), and
+with the CA bundle parse its verifying context needs made beside the rest of the start.
 
 aiohttp 3 makes two TLS client contexts when ``aiohttp.connector`` is imported: one that
 verifies (the system's CA store, for every https and wss connection) and one that verifies
@@ -18,6 +19,14 @@ reads the system files itself). :func:`import_aiohttp` lets the module-wide one 
 ``mimetypes`` does it when nothing asks ahead: at the first ``guess_type`` (a Slack or Discord
 upload's, say), which reads the system files then.
 
+aiohttp's signals (its callbacks per event: a response being prepared, a request sent) are
+frozenlist's ``FrozenList``, whose compiled version is C++: importing it maps the C++ runtime
+(libstdc++), ~0.9 MB of `bothy serve`'s resident pages, for lists of a callback or two that
+a request walks once (issue 18). :func:`import_aiohttp` imports frozenlist first with its
+Python ``FrozenList``, frozenlist's own reference version (the one ``FROZENLIST_NO_EXTENSIONS``
+selects; an operator's own setting of that variable is left to decide), and leaves the
+environment as it was, so that nothing serve starts inherits the variable.
+
 The verifying context's own parse is as long again (~11 % of serve's start-up instructions,
 though they run fast: ~10 ms here) and needs no Python: ``set_default_verify_paths`` releases
 the GIL while OpenSSL reads the bundle. So :func:`import_aiohttp` does not make it inline:
@@ -31,12 +40,15 @@ verify against an empty store and refuse every server, never accept one.
 from __future__ import annotations
 
 import mimetypes
+import os
 import ssl
 import sys
 import threading
 from concurrent.futures import Future
 
 __all__ = ["import_aiohttp"]
+
+_PYTHON_FROZENLIST = "FROZENLIST_NO_EXTENSIONS"  # read once, as frozenlist loads
 
 
 def import_aiohttp() -> Future[None]:
@@ -47,6 +59,7 @@ def import_aiohttp() -> Future[None]:
     if "aiohttp.connector" in sys.modules:
         trusted.set_result(None)
         return trusted
+    _import_python_frozenlist()
     loading = ssl.SSLContext.set_default_verify_paths
     verifying: list[ssl.SSLContext] = []
 
@@ -80,3 +93,14 @@ def import_aiohttp() -> Future[None]:
 
     threading.Thread(target=load, name="bothy-ca-store", daemon=True).start()
     return trusted
+
+
+def _import_python_frozenlist() -> None:
+    """frozenlist, with its Python ``FrozenList`` unless the operator's environment says."""
+    if "frozenlist" in sys.modules or _PYTHON_FROZENLIST in os.environ:
+        return
+    os.environ[_PYTHON_FROZENLIST] = "1"
+    try:
+        import frozenlist  # noqa: F401  (only loaded: it reads the variable as it loads)
+    finally:
+        del os.environ[_PYTHON_FROZENLIST]

@@ -16,9 +16,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 _SCRIPT = """
 import asyncio, sys
 from pathlib import Path
+
+import pytest
 
 import bothy.daemon, bothy.chat.slack
 from bothy.clock import utc_now
@@ -171,3 +175,50 @@ def test_serve_imports_aiohttp_leaving_the_system_mime_table_unread_until_a_gues
                           capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == (
         "True ['application/json', 'application/gzip'] application/x-bothy-record")
+
+
+_FROZENLIST_SCRIPT = """
+import asyncio, os
+
+from bothy.aiohttpimport import import_aiohttp
+
+import_aiohttp().result()
+import frozenlist
+from aiohttp import web
+
+prepared = []
+
+async def note(request, response):  # a signal's receiver
+    prepared.append(response.status)
+
+async def main():
+    app = web.Application()
+    app.on_response_prepare.append(note)
+    app.router.add_get("/", lambda request: web.Response(text="answered"))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET / HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n")
+    answer = await reader.read()
+    writer.close()
+    await runner.cleanup()
+    return answer.endswith(b"answered")
+
+with open("/proc/self/maps") as maps:
+    cxx = "libstdc++" in maps.read()
+print(frozenlist.FrozenList is frozenlist.PyFrozenList, cxx,
+      "FROZENLIST_NO_EXTENSIONS" in os.environ, asyncio.run(main()), prepared)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads Linux's /proc")
+def test_serve_imports_aiohttp_with_pythons_frozenlist_and_no_cxx_runtime() -> None:
+    """aiohttp's signal lists are frozenlist's Python ones: no C++ runtime is mapped, the
+    variable that chose them is gone from the environment, and a signal still fires."""
+    environ = {k: v for k, v in os.environ.items() if k != "FROZENLIST_NO_EXTENSIONS"}
+    done = subprocess.run([sys.executable, "-c", _FROZENLIST_SCRIPT], capture_output=True,
+                          text=True, timeout=60, check=True, env=environ)
+    assert done.stdout.strip() == "True False False True [200]"
