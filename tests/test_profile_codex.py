@@ -3,17 +3,24 @@
 Each test runs ``bothy run --profile NAME`` against the pinned codex and the scripted model and
 looks at what Codex did with the setting: the skill's description in what Codex told the
 model, a file a sandboxed command could or could not write. A relative skill path is refused
-when the config loads, since Codex needs absolute ones.
+when the config loads, since Codex needs absolute ones. What Bothy switches off in codex
+unless told otherwise (its shadow skill-selection experiment) is asked of the real binary,
+started with the worker's own overrides and environment: ``codex features list``.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from bothy.config import CodexConfig
+from bothy.engine.launch import build_launch
+from tests.fakes.codex import codex_binary
 from tests.fakes.model_server import ModelServer, text, tool_call
 from tests.fakes.site import Site
 
@@ -85,3 +92,37 @@ async def test_a_profiles_sandbox_mode_reaches_codex(
             if item.get("type") == "function_call_output"]
     assert len(told) == 1
     assert ("Read-only file system" in str(told[0])) is not written
+
+
+def _codex_features(tmp_path: Path, codex_config: dict[str, Any],
+                    profile_config: dict[str, Any] | None = None) -> dict[str, str]:
+    """What the pinned codex says of its features when started with a worker's overrides and
+    environment (``codex features list``: name, stage, state)."""
+    home = tmp_path / "codex-home"
+    home.mkdir(exist_ok=True)
+    cfg = CodexConfig(command=[str(codex_binary()), "app-server"], home=home, config=codex_config)
+    launch = build_launch(cfg, {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+                          profile_config=profile_config)
+    overrides = [arg for arg in launch.argv[1:] if arg != "app-server"]
+    listed = subprocess.run([launch.argv[0], *overrides, "features", "list"], env=launch.env,
+                            capture_output=True, text=True, timeout=30, check=True)
+    return {line.split()[0]: line.split()[-1] for line in listed.stdout.splitlines() if line}
+
+
+@pytest.mark.codex
+def test_codexs_shadow_skill_selection_is_off_unless_the_config_turns_it_on(
+    tmp_path: Path
+) -> None:
+    """A worker's codex has `skill_search` (a metrics-only experiment run on every turn) off,
+    beside the operator's own features; `codex.config` or a profile's `codex_config` turns it
+    back on."""
+    site_features = {"features": {"plugins": False}}
+
+    plain = _codex_features(tmp_path, site_features)
+    by_site = _codex_features(tmp_path, {"features": {"plugins": False, "skill_search": True}})
+    by_profile = _codex_features(tmp_path, site_features,
+                                 profile_config={"features": {"skill_search": True}})
+
+    assert (plain["skill_search"], plain["plugins"]) == ("false", "false")
+    assert (by_site["skill_search"], by_site["plugins"]) == ("true", "false")
+    assert (by_profile["skill_search"], by_profile["plugins"]) == ("true", "false")

@@ -12,6 +12,7 @@ CODEX_HOME, and the spare's process group proven empty by psutil.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -74,7 +75,7 @@ async def test_a_mention_runs_on_the_thread_the_spare_started_and_its_reply_resu
     """A Slack mention's run takes the spare and the kept thread it started ahead: the answer
     is posted, `turn started` names the spare's thread (`thread: ahead`, no thread/start of
     its own), the model was asked the mention's words, `bothy trace` shows the whole run; a
-    reply in the Slack thread resumes that Codex thread (its rollout was written)."""
+    reply in the Slack thread resumes that Codex thread from its rollout, history and all."""
     server.script(text("Warm answer."), text("Still the same thread."))
     site = Site(tmp_path, server.base_url, listen={"tailnet_port": free_port()},
                 chat={"slack": {"api_url": slack.api_url, "allowed_users": [OPERATOR]}})
@@ -114,8 +115,15 @@ async def test_a_mention_runs_on_the_thread_the_spare_started_and_its_reply_resu
     [turn_again] = _of(site, "turn", "started", str(finished[-1].run_id))
     assert (turn_again.details["thread"], turn_again.details["thread_id"]) == (
         "resumed", spare.details["thread_id"])
-    assert [p for p in _left_of(site.codex_home, str(spare.details["thread_id"]))
-            if p.startswith("sessions/")], "the kept thread's rollout"
+    [rollout] = [p for p in _left_of(site.codex_home, str(spare.details["thread_id"]))
+                 if p.startswith("sessions/")]
+    # Kept in codex's plain rollout (Bothy starts every thread with historyMode "legacy"),
+    # and resumed from it with its history: the reply's request carries the first exchange.
+    meta = json.loads((site.codex_home / rollout).read_text().splitlines()[0])
+    assert (meta["type"], meta["payload"]["history_mode"]) == ("session_meta", "legacy")
+    resumed = str(server.requests[1]["input"])
+    assert "what is the weather in the glen?" in resumed and "Warm answer." in resumed
+    assert "and tomorrow?" in resumed
 
 
 async def test_a_run_whose_thread_differs_starts_its_own_on_the_spare(

@@ -35,12 +35,22 @@ from bothy.errors import CodexNotFoundError
 _BASELINE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
                  "SHELL", "TERM")
 
-# Keys Bothy sets unless the operator's codex.config says otherwise: no update check, no
-# analytics or feedback upload from an unattended machine.
+# Keys Bothy sets unless the operator's codex.config (or a profile's codex_config) says
+# otherwise: no update check, no analytics or feedback upload from an unattended machine, and
+# not codex's shadow skill-selection experiment. ``features.skill_search`` (on by default in
+# 0.171.0, `codex features list`) only switches that experiment on: the app-server builds the
+# skills extension (app-server/src/extensions.rs) with ``shadow_selection_enabled =
+# features.enabled(SkillSearch)``, and on every turn, before the model request, it ranks the
+# skill catalog with a dozen lexical selectors whose results go to metrics alone
+# (ext/skills/src/shadow_selection_experiment/mod.rs: "temporary and should be removed after
+# evaluation"; it never changes the prompt).
+# The model's requests with it off were compared with it on, byte for byte: the same. Measured
+# on the real app-server alone (noisy): turn/start to the model request ~4-10 ms sooner.
 _BASELINE_OVERRIDES: dict[str, Any] = {
     "check_for_update_on_startup": False,
     "analytics": {"enabled": False},
     "feedback": {"enabled": False},
+    "features": {"skill_search": False},
 }
 
 # Names of variables the model's shell commands never see (case-insensitive globs, as Codex

@@ -36,6 +36,22 @@ _EXIT_POLL_S = 0.25
 # connection is declared lost; normally the output ends at once and the reader says so.
 _EXIT_DRAIN_S = 1.0
 _CONTROL_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x1f\x7f]")
+# How codex keeps a new thread's history (``thread/start.historyMode``, an experimental field
+# of the v2 protocol: ``codex app-server generate-json-schema --experimental`` of 0.171.0,
+# v2/ThreadStartParams.json, "Persisted thread history contract to use for this new thread",
+# ``legacy | paginated``). Left unset, codex 0.171.0 starts a ``paginated`` thread: beside its
+# rollout file it indexes every item into CODEX_HOME's thread_history sqlite (journal, fsyncs)
+# and reads the rollout back after each append, on the way to the model request and again
+# before ``turn/completed`` (strace of a turn; thread-store/src/local/live_writer.rs spans,
+# 10-16 ms busy of the turn under RUST_LOG=trace). Paginated history serves codex's own
+# clients (thread/turns/list, thread/items/list, which Bothy never calls); ``legacy`` keeps the
+# plain rollout that thread/resume reads (app-server-protocol ThreadHistoryMode; the TUI falls
+# back to it when a server lacks pagination). The model is asked exactly the same: both modes'
+# requests were compared byte for byte, a first turn and a resumed second one. Measured with
+# the skill_search knob (launch.py), alternated against main in `bench chat`: codex's turn/start
+# to the model request 76 -> 62 ms (median) on the spare's thread, 92 -> 72 on a thread of its
+# own; the answer's ``turn/completed`` a few ms sooner.
+_HISTORY_MODE = "legacy"
 
 
 @dataclass(frozen=True)
@@ -155,6 +171,7 @@ class Worker:
             "approvalPolicy": params.approval_policy,
             "sandbox": params.sandbox,
             "ephemeral": not params.keep,
+            "historyMode": _HISTORY_MODE,
         }
         if params.model is not None:
             body["model"] = params.model
