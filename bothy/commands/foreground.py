@@ -17,6 +17,7 @@ from bothy.exitcodes import ExitCode
 
 if TYPE_CHECKING:
     from bothy.config import Config
+    from bothy.engine.headstart import HeadStart
     from bothy.engine.questions import QuestionBoard
     from bothy.engine.run import RunRequest, RunResult
     from bothy.engine.toolbox import Asker
@@ -25,33 +26,51 @@ if TYPE_CHECKING:
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
-    from bothy.engine.run import RunRequest
-    from bothy.runtime import Runtime
-
     home, cfg = load()
-    request = RunRequest(
-        prompt=_read_prompt(args.prompt),
-        subject=_subject(args.subject),
-        source="cli",
-        max_usd_micros=reservation_micros(args.max_usd, cfg),
-        wall_clock_s=_tighter(args.wall_clock, "--wall-clock", cfg.limits.wall_clock_s,
-                              "limits.wall_clock_s"),
-        max_tokens=_tighter(args.max_tokens, "--max-tokens", cfg.limits.max_tokens,
-                            "limits.max_tokens"),
-        profile=check_profile(args.profile, cfg),
-        ref=check_ref(args.ref),
-        # A foreground run may hold a question: answered at the terminal or by `bothy answer`.
-        can_hold=True,
-    )
+    prompt = _read_prompt(args.prompt)
+    subject = _subject(args.subject)
+    max_usd_micros = reservation_micros(args.max_usd, cfg)
+    wall_clock_s = _tighter(args.wall_clock, "--wall-clock", cfg.limits.wall_clock_s,
+                            "limits.wall_clock_s")
+    max_tokens = _tighter(args.max_tokens, "--max-tokens", cfg.limits.max_tokens,
+                          "limits.max_tokens")
+    profile = check_profile(args.profile, cfg)
+    ref = check_ref(args.ref)
     check_workspace(home, cfg)
-    async with Runtime.open(home, cfg) as rt:
-        result = await run_in_foreground(rt, request)
+    # Checked: codex starts now, beside the rest of the run's set-up (engine/headstart.py).
+    head = await _head_start(cfg, profile)
+    try:
+        from bothy.engine.run import RunRequest
+        from bothy.runtime import Runtime
+
+        request = RunRequest(
+            prompt=prompt, subject=subject, source="cli", max_usd_micros=max_usd_micros,
+            wall_clock_s=wall_clock_s, max_tokens=max_tokens, profile=profile, ref=ref,
+            # A foreground run may hold a question: answered at the terminal or by `bothy
+            # answer`.
+            can_hold=True,
+        )
+        async with Runtime.open(home, cfg) as rt:
+            result = await run_in_foreground(rt, request, head_start=head)
+    finally:
+        await head.close()
     return report_result(result)
 
 
-def check_workspace(home: BothyHome, cfg: Config) -> None:
+async def _head_start(cfg: Config, profile: str | None) -> HeadStart:
+    """The run's app-server, spawned ahead of the run's set-up; its thread started ahead too
+    when the run has no profile (a profile's thread is its own: sandbox, skills, tools)."""
+    from bothy.engine.headstart import HeadStart
     from bothy.engine.launch import build_launch
-    from bothy.engine.supervisor import workspace_problem
+    from bothy.engine.worker import ThreadParams
+
+    thread = ThreadParams.plain(cfg.codex.model, keep=False) if profile is None else None
+    return await HeadStart.begin(build_launch(cfg.codex), cwd=cfg.workspace,
+                                 grace_s=cfg.limits.stop_grace_s, thread=thread)
+
+
+def check_workspace(home: BothyHome, cfg: Config) -> None:
+    from bothy.engine.launch import build_launch, workspace_problem
 
     if problem := workspace_problem(cfg.workspace):
         raise ConfigError(f"{problem} (config key 'workspace' in {home.config_path})",
@@ -63,11 +82,15 @@ def check_workspace(home: BothyHome, cfg: Config) -> None:
                           path=home.config_path, key="codex.home")
 
 
-async def run_in_foreground(rt: Runtime, request: RunRequest) -> RunResult:
-    """Run ``request`` here, showing progress on stderr; a first signal stops it gracefully."""
+async def run_in_foreground(rt: Runtime, request: RunRequest, *,
+                            head_start: HeadStart | None = None) -> RunResult:
+    """Run ``request`` here, showing progress on stderr; a first signal stops it gracefully.
+    ``head_start``: its app-server, spawned ahead (the caller closes it)."""
     from bothy.progress import PlainProgress, TerminalProgress
 
     supervisor = rt.supervisor()
+    if head_start is not None:
+        supervisor.use_head_start(head_start)
     await supervisor.recover()
     progress = TerminalProgress() if sys.stderr.isatty() else PlainProgress()
     answers = _TerminalAnswers(progress, rt)

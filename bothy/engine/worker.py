@@ -36,6 +36,10 @@ _EXIT_POLL_S = 0.25
 # connection is declared lost; normally the output ends at once and the reader says so.
 _EXIT_DRAIN_S = 1.0
 _CONTROL_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x1f\x7f]")
+# A run's thread without a profile's sandbox, and every thread's approval policy (each asked
+# question comes to Bothy's toolbox).
+PLAIN_SANDBOX = "read-only"
+APPROVAL_POLICY = "on-request"
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,13 @@ class ThreadParams:
     keep: bool  # saved under CODEX_HOME so that a later run can resume it
     dynamic_tools: tuple[dict[str, Any], ...] = ()
     skill_roots: tuple[str, ...] = ()  # set on the app-server before the thread starts
+
+    @classmethod
+    def plain(cls, model: str | None, *, keep: bool) -> ThreadParams:
+        """The thread a run without a profile starts (a thread started ahead is at first
+        started so: the spare's, a `bothy run`'s head start's)."""
+        return cls(model=model, sandbox=PLAIN_SANDBOX, approval_policy=APPROVAL_POLICY,
+                   keep=keep)
 
     def differences(self, other: ThreadParams) -> list[str]:
         """The names of the params in which ``other`` differs from these."""
