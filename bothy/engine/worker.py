@@ -18,14 +18,16 @@ import re
 import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bothy import __version__
 from bothy.engine.launch import Launch
 from bothy.engine.procgroup import GroupRecord, ProcessGroup, StopReport
 from bothy.engine.rpc import MAX_FRAME_BYTES, RpcConnection
-from bothy.engine.threadinputs import ThreadInputs
 from bothy.errors import AppServerError
+
+if TYPE_CHECKING:  # (loaded by the first thread started ahead: not on the way to a spawn)
+    from bothy.engine.threadinputs import ThreadInputs
 
 _INIT_TIMEOUT_S = 60.0
 _CALL_TIMEOUT_S = 30.0
@@ -211,6 +213,8 @@ class Worker:
     async def _thread_inputs(self) -> ThreadInputs:
         # A few dozen stats (bothy/engine/threadinputs.py): 0.1-0.3 ms here, more on a
         # workspace on a network filesystem; off the event loop, as every disk read.
+        from bothy.engine.threadinputs import ThreadInputs
+
         return await asyncio.to_thread(ThreadInputs.read, self._cwd, self._launch.argv)
 
     async def resume_thread(
