@@ -18,6 +18,7 @@ from bothy.exitcodes import ExitCode
 if TYPE_CHECKING:
     from bothy.config import Config
     from bothy.engine.headstart import HeadStart
+    from bothy.engine.launch import Launch
     from bothy.engine.questions import QuestionBoard
     from bothy.engine.run import RunRequest, RunResult
     from bothy.engine.toolbox import Asker
@@ -36,9 +37,9 @@ async def cmd_run(args: argparse.Namespace) -> int:
                           "limits.max_tokens")
     profile = check_profile(args.profile, cfg)
     ref = check_ref(args.ref)
-    check_workspace(home, cfg)
+    launch = check_workspace(home, cfg)
     # Checked: codex starts now, beside the rest of the run's set-up (engine/headstart.py).
-    head = await _head_start(cfg, profile)
+    head = await _head_start(launch, cfg, profile)
     try:
         from bothy.engine.run import RunRequest
         from bothy.runtime import Runtime
@@ -57,29 +58,32 @@ async def cmd_run(args: argparse.Namespace) -> int:
     return report_result(result)
 
 
-async def _head_start(cfg: Config, profile: str | None) -> HeadStart:
-    """The run's app-server, spawned ahead of the run's set-up; its thread started ahead too
-    when the run has no profile (a profile's thread is its own: sandbox, skills, tools)."""
+async def _head_start(launch: Launch, cfg: Config, profile: str | None) -> HeadStart:
+    """The run's app-server, spawned ahead of the run's set-up with the site's ``launch``; its
+    thread started ahead too when the run has no profile (a profile's thread is its own:
+    sandbox, skills, tools)."""
     from bothy.engine.headstart import HeadStart
-    from bothy.engine.launch import build_launch
     from bothy.engine.worker import ThreadParams
 
     thread = ThreadParams.plain(cfg.codex.model, keep=False) if profile is None else None
-    return await HeadStart.begin(build_launch(cfg.codex), cwd=cfg.workspace,
+    return await HeadStart.begin(launch, cwd=cfg.workspace,
                                  grace_s=cfg.limits.stop_grace_s, thread=thread)
 
 
-def check_workspace(home: BothyHome, cfg: Config) -> None:
+def check_workspace(home: BothyHome, cfg: Config) -> Launch:
+    """The site's launch of codex, once its workspace and codex home are known to be there."""
     from bothy.engine.launch import build_launch, workspace_problem
 
     if problem := workspace_problem(cfg.workspace):
         raise ConfigError(f"{problem} (config key 'workspace' in {home.config_path})",
                           path=home.config_path, key="workspace")
-    codex_home = build_launch(cfg.codex).codex_home
+    launch = build_launch(cfg.codex)
+    codex_home = launch.codex_home
     if not codex_home.is_dir():  # codex refuses to start without it
         raise ConfigError(f"codex home {codex_home} does not exist: run `codex login` once, or"
                           f" set config key 'codex.home' in {home.config_path}",
                           path=home.config_path, key="codex.home")
+    return launch
 
 
 async def run_in_foreground(rt: Runtime, request: RunRequest, *,
