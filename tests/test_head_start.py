@@ -10,8 +10,6 @@ the register, and (psutil) which codex processes of the site are left once the c
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -118,38 +116,6 @@ async def test_a_profile_with_its_own_codex_config_starts_cold_and_ends_the_head
     [asked] = server.requests
     assert asked["reasoning"]["effort"] == "high"
     assert _codex_left(site) == []
-
-
-_BEFORE_THE_SPAWN = """
-import sys
-from pathlib import Path
-
-from bothy.commands.foreground import check_workspace
-from bothy.config import load_config
-from bothy.home import BothyHome
-import bothy.engine.headstart, bothy.engine.worker
-
-home = BothyHome.from_env()
-check_workspace(home, load_config(home.config_path))
-print(sorted(name for name in ("bothy.engine.supervisor", "bothy.engine.state",
-                               "bothy.engine.audit", "bothy.runtime", "aiosqlite",
-                               "bothy.engine.threadinputs")
-             if name in sys.modules))
-"""
-
-
-def test_what_a_run_loads_before_spawning_codex_leaves_the_engines_set_up_out(
-    tmp_path: Path,
-) -> None:
-    """What `bothy run` loads to check its workspace and spawn its head start leaves out the
-    supervisor, the state database, the register and what a thread started ahead reads:
-    they load while codex starts, not before it."""
-    site = Site(tmp_path, "http://127.0.0.1:9/v1")
-
-    done = subprocess.run([sys.executable, "-c", _BEFORE_THE_SPAWN], env=site.env(),
-                          capture_output=True, text=True, timeout=60, check=False)
-
-    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
 
 
 @pytest.mark.codex
