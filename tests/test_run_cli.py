@@ -258,10 +258,11 @@ async def test_a_model_without_a_price_is_refused_at_the_budget_gate(
 
 
 @pytest.mark.codex
-async def test_a_configured_unpriced_model_is_refused_before_any_worker_starts(
+async def test_a_configured_unpriced_model_is_refused_before_the_run_has_a_worker(
     tmp_path: Path, server: ModelServer
 ) -> None:
-    """codex.model without a price: refused at the gate before a worker is spawned."""
+    """codex.model without a price: refused at the gate; the run never has a worker (no `run
+    started`; the codex spawned ahead of it is ended unused: tests/test_head_start.py)."""
     site = Site(tmp_path, server.base_url, codex={"model": "pricey-model"})
 
     done = await site.bothy("run", "hello", "--subject", "demo")

@@ -140,10 +140,10 @@ print(sorted(name for name in later if name in sys.modules))
 """
 
 
-def test_a_runs_way_to_its_spawn_leaves_what_comes_after_it_unloaded() -> None:
-    """What `bothy run` imports up to the spawn of codex (the CLI, the run command, the site,
-    the supervisor) loads neither the turn's stream, the tools, the question board, the
-    approvals nor the checklist, which load while codex starts."""
+def test_a_runs_set_up_leaves_what_its_worker_needs_unloaded() -> None:
+    """What `bothy run` imports for its set-up (the CLI, the run command, the site, the
+    supervisor) loads neither the turn's stream, the tools, the question board, the approvals
+    nor the checklist, which load once the run has its worker, while codex starts."""
     done = subprocess.run([sys.executable, "-c", _RUN_PATH_SCRIPT], capture_output=True,
                           text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"
@@ -222,3 +222,33 @@ def test_serve_imports_aiohttp_with_pythons_frozenlist_and_no_cxx_runtime() -> N
     done = subprocess.run([sys.executable, "-c", _FROZENLIST_SCRIPT], capture_output=True,
                           text=True, timeout=60, check=True, env=environ)
     assert done.stdout.strip() == "True False False True [200]"
+
+
+_BEFORE_THE_SPAWN = """
+import sys
+
+from bothy.commands.foreground import check_workspace
+from bothy.config import load_config
+from bothy.home import BothyHome
+import bothy.cli, bothy.commandline, bothy.engine.headstart, bothy.engine.worker
+
+home = BothyHome.from_env()
+check_workspace(home, load_config(home.config_path))
+print(sorted(name for name in ("bothy.engine.supervisor", "bothy.engine.state",
+                               "bothy.engine.audit", "bothy.runtime", "aiosqlite",
+                               "bothy.engine.threadinputs", "bothy.engine.turn")
+             if name in sys.modules))
+"""
+
+
+def test_a_runs_way_to_its_spawn_leaves_the_set_up_unloaded(tmp_path: Path) -> None:
+    """What `bothy run` loads to check its workspace and spawn its codex (its head start:
+    bothy/engine/headstart.py) leaves out the supervisor, the site's state database and
+    register, what a thread started ahead reads, and the turn: they load while codex
+    starts, not before it."""
+    from tests.fakes.site import Site
+
+    site = Site(tmp_path, "http://127.0.0.1:9/v1")
+    done = subprocess.run([sys.executable, "-c", _BEFORE_THE_SPAWN], env=site.env(),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr

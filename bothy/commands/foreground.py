@@ -17,6 +17,8 @@ from bothy.exitcodes import ExitCode
 
 if TYPE_CHECKING:
     from bothy.config import Config
+    from bothy.engine.headstart import HeadStart
+    from bothy.engine.launch import Launch
     from bothy.engine.questions import QuestionBoard
     from bothy.engine.run import RunRequest, RunResult
     from bothy.engine.toolbox import Asker
@@ -25,49 +27,74 @@ if TYPE_CHECKING:
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
-    from bothy.engine.run import RunRequest
-    from bothy.runtime import Runtime
-
     home, cfg = load()
-    request = RunRequest(
-        prompt=_read_prompt(args.prompt),
-        subject=_subject(args.subject),
-        source="cli",
-        max_usd_micros=reservation_micros(args.max_usd, cfg),
-        wall_clock_s=_tighter(args.wall_clock, "--wall-clock", cfg.limits.wall_clock_s,
-                              "limits.wall_clock_s"),
-        max_tokens=_tighter(args.max_tokens, "--max-tokens", cfg.limits.max_tokens,
-                            "limits.max_tokens"),
-        profile=check_profile(args.profile, cfg),
-        ref=check_ref(args.ref),
-        # A foreground run may hold a question: answered at the terminal or by `bothy answer`.
-        can_hold=True,
-    )
-    check_workspace(home, cfg)
-    async with Runtime.open(home, cfg) as rt:
-        result = await run_in_foreground(rt, request)
+    prompt = _read_prompt(args.prompt)
+    subject = _subject(args.subject)
+    max_usd_micros = reservation_micros(args.max_usd, cfg)
+    wall_clock_s = _tighter(args.wall_clock, "--wall-clock", cfg.limits.wall_clock_s,
+                            "limits.wall_clock_s")
+    max_tokens = _tighter(args.max_tokens, "--max-tokens", cfg.limits.max_tokens,
+                          "limits.max_tokens")
+    profile = check_profile(args.profile, cfg)
+    ref = check_ref(args.ref)
+    launch = check_workspace(home, cfg)
+    # Checked: codex starts now, beside the rest of the run's set-up (engine/headstart.py).
+    head = await _head_start(launch, cfg, profile)
+    try:
+        from bothy.engine.run import RunRequest
+        from bothy.runtime import Runtime
+
+        request = RunRequest(
+            prompt=prompt, subject=subject, source="cli", max_usd_micros=max_usd_micros,
+            wall_clock_s=wall_clock_s, max_tokens=max_tokens, profile=profile, ref=ref,
+            # A foreground run may hold a question: answered at the terminal or by `bothy
+            # answer`.
+            can_hold=True,
+        )
+        async with Runtime.open(home, cfg) as rt:
+            result = await run_in_foreground(rt, request, head_start=head)
+    finally:
+        await head.close()
     return report_result(result)
 
 
-def check_workspace(home: BothyHome, cfg: Config) -> None:
-    from bothy.engine.launch import build_launch
-    from bothy.engine.supervisor import workspace_problem
+async def _head_start(launch: Launch, cfg: Config, profile: str | None) -> HeadStart:
+    """The run's app-server, spawned ahead of the run's set-up with the site's ``launch``; its
+    thread started ahead too when the run has no profile (a profile's thread is its own:
+    sandbox, skills, tools)."""
+    from bothy.engine.headstart import HeadStart
+    from bothy.engine.worker import ThreadParams
+
+    thread = ThreadParams.plain(cfg.codex.model, keep=False) if profile is None else None
+    return await HeadStart.begin(launch, cwd=cfg.workspace,
+                                 grace_s=cfg.limits.stop_grace_s, thread=thread)
+
+
+def check_workspace(home: BothyHome, cfg: Config) -> Launch:
+    """The site's launch of codex, once its workspace and codex home are known to be there."""
+    from bothy.engine.launch import build_launch, workspace_problem
 
     if problem := workspace_problem(cfg.workspace):
         raise ConfigError(f"{problem} (config key 'workspace' in {home.config_path})",
                           path=home.config_path, key="workspace")
-    codex_home = build_launch(cfg.codex).codex_home
+    launch = build_launch(cfg.codex)
+    codex_home = launch.codex_home
     if not codex_home.is_dir():  # codex refuses to start without it
         raise ConfigError(f"codex home {codex_home} does not exist: run `codex login` once, or"
                           f" set config key 'codex.home' in {home.config_path}",
                           path=home.config_path, key="codex.home")
+    return launch
 
 
-async def run_in_foreground(rt: Runtime, request: RunRequest) -> RunResult:
-    """Run ``request`` here, showing progress on stderr; a first signal stops it gracefully."""
+async def run_in_foreground(rt: Runtime, request: RunRequest, *,
+                            head_start: HeadStart | None = None) -> RunResult:
+    """Run ``request`` here, showing progress on stderr; a first signal stops it gracefully.
+    ``head_start``: its app-server, spawned ahead (the caller closes it)."""
     from bothy.progress import PlainProgress, TerminalProgress
 
     supervisor = rt.supervisor()
+    if head_start is not None:
+        supervisor.use_head_start(head_start)
     await supervisor.recover()
     progress = TerminalProgress() if sys.stderr.isatty() else PlainProgress()
     answers = _TerminalAnswers(progress, rt)

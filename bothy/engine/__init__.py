@@ -40,7 +40,7 @@ _SURFACE = {
     "RunRow": "bothy.engine.state",
     "StateDB": "bothy.engine.state",
     "Supervisor": "bothy.engine.supervisor",
-    "workspace_problem": "bothy.engine.supervisor",
+    "workspace_problem": "bothy.engine.launch",
     "Asker": "bothy.engine.toolbox",
     "Verification": "bothy.engine.verification",
 }

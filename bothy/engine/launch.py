@@ -93,6 +93,14 @@ def build_launch(cfg: CodexConfig, environ: Mapping[str, str] | None = None, *,
     return Launch([str(executable), *cfg.command[1:], *overrides], env, codex_home)
 
 
+def workspace_problem(workspace: Path) -> str | None:
+    """Why the configured workspace cannot host a run (the worker's working directory), or
+    None."""
+    if not workspace.is_dir():
+        return f"workspace {workspace} does not exist or is not a directory"
+    return None
+
+
 def _shell_policy(cfg: CodexConfig, chosen: Mapping[str, Any]) -> dict[str, Any]:
     """The ``shell_environment_policy`` keys Bothy insists on, merged over the operator's."""
     policy = chosen.get("shell_environment_policy")

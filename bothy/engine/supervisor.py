@@ -43,12 +43,19 @@ from bothy.engine.run import (
 from bothy.engine.state import StateDB
 from bothy.engine.task_link import TaskClaims, TaskLink
 from bothy.engine.traceids import traceparent
-from bothy.engine.worker import ThreadInfo, ThreadParams, Worker
+from bothy.engine.worker import (
+    APPROVAL_POLICY,
+    PLAIN_SANDBOX,
+    ThreadInfo,
+    ThreadParams,
+    Worker,
+)
 from bothy.errors import AppServerError, ProcessGroupError
 from bothy.money import format_usd
 
 if TYPE_CHECKING:
     from bothy.engine.checklist import Checklist
+    from bothy.engine.headstart import HeadStart  # (only a `bothy run` has one)
     from bothy.engine.questions import QuestionBoard
     from bothy.engine.spare import Cold, Spare  # (only bothy serve keeps a spare)
     from bothy.engine.tokenmeter import TokenMeter
@@ -63,10 +70,6 @@ STOPPED_BEFORE_START = "bothy stopped before the run started (it had no worker y
 # The next spare starts when a run ends or this long after its turn started: after codex has
 # sent the model request (tens of ms), while a real model works (seconds).
 SPARE_AFTER_TURN_S = 1.0
-# A run's thread without a profile's sandbox, and every thread's approval policy (each asked
-# question comes to Bothy's toolbox); the spare's first thread is started with them too.
-_PLAIN_SANDBOX = "read-only"
-_APPROVAL_POLICY = "on-request"
 
 
 Told = Callable[[RunResult], Awaitable[None]]
@@ -109,6 +112,7 @@ class Supervisor:
         self._launch = launch
         self._launches: dict[str, Launch] = {}  # profile -> its own, when it sets codex_config
         self._spare: Spare | None = None
+        self._head_start: HeadStart | None = None
         self._clock = clock
         self._prices = PriceTable(cfg.budget.prices)
         self.budget: BudgetGate = budget_gate(db, cfg.budget, self._prices, clock=clock)
@@ -146,12 +150,16 @@ class Supervisor:
         from bothy.engine.spare import Spare
 
         chat = self._cfg.chat.slack is not None or self._cfg.chat.discord is not None
-        first = ThreadParams(model=self._cfg.codex.model, sandbox=_PLAIN_SANDBOX,
-                             approval_policy=_APPROVAL_POLICY, keep=chat)
+        first = ThreadParams.plain(self._cfg.codex.model, keep=chat)
         self._spare = Spare(self._launch, cwd=self._cfg.workspace, db=self._db,
                             audit=self._audit, clock=self._clock,
                             grace_s=self._cfg.limits.stop_grace_s, thread=first)
         return self._spare
+
+    def use_head_start(self, head: HeadStart) -> None:
+        """The next run takes ``head``'s app-server, spawned ahead of it (``bothy run``:
+        engine/headstart.py), if it fits; the caller closes it."""
+        self._head_start = head
 
     def _launch_for(self, request: RunRequest) -> Launch:
         """How this run's app-server is started: the site's launch, or its profile's own."""
@@ -341,7 +349,8 @@ class Supervisor:
     ) -> RunEnd:
         deadline = asyncio.get_running_loop().time() + request.wall_clock_s
         launch = self._launch_for(request)
-        taken = await self._spare.take(launch, self._cfg.workspace) if self._spare else None
+        source = "head_start" if self._head_start is not None else "spare"
+        taken, ahead = await self._started_ahead(launch)
         worker = taken if isinstance(taken, Worker) else Worker(
             launch, cwd=self._cfg.workspace, events=asyncio.Queue())
         try:
@@ -351,11 +360,14 @@ class Supervisor:
         # The group attached and `run started` made durable while codex does its own first
         # steps (initialize when cold, thread/start), which spend nothing: _converse sends
         # turn/start, and records anything of the run, only once this is done.
-        started = asyncio.ensure_future(
-            self._started(run_id, request.subject, record, launch, taken, progress))
+        started = asyncio.ensure_future(self._started(
+            run_id, request.subject, record, launch, taken, progress, source=source))
         # A cold codex is asked to initialize at once; what the run needs only once it answers
-        # is loaded while it starts (the module's docstring), and _prepared awaits the answer.
-        initializing = None if worker.initialized else asyncio.ensure_future(worker.initialize())
+        # is loaded while it starts (the module's docstring), and _prepared awaits the answer
+        # (or a head start's first steps, under way since before the run's set-up).
+        initializing = ahead
+        if initializing is None and not worker.initialized:
+            initializing = asyncio.ensure_future(worker.initialize())
         toolbox: Toolbox | None = None
         try:
             try:
@@ -390,6 +402,20 @@ class Supervisor:
             if self._spare is not None:
                 self._spare.start()  # a no-op if one is held or starting
 
+    async def _started_ahead(
+        self, launch: Launch
+    ) -> tuple[Worker | Cold | None, asyncio.Future[Any] | None]:
+        """The app-server started ahead for this run, if one was and it fits (or why not; None
+        when there is none to take): the spare's (``bothy serve``), initialized; or the head
+        start's (``bothy run``), with its first steps, which may still be under way."""
+        if self._head_start is not None:
+            head, self._head_start = self._head_start, None  # (one run's, taken once)
+            took = head.take(launch, self._cfg.workspace)
+            return took if isinstance(took, tuple) else (took, None)
+        if self._spare is not None:
+            return await self._spare.take(launch, self._cfg.workspace), None
+        return None, None
+
     async def _told_while_stopping(
         self, run_id: str, subject: str, worker: Worker, toolbox: Toolbox | None, ended: RunEnd,
         closing: _Closing,
@@ -411,9 +437,10 @@ class Supervisor:
                                     asyncio.ensure_future(self._end_worker(worker)))
 
     async def _started(self, run_id: str, subject: str, record: GroupRecord, launch: Launch,
-                       taken: Worker | Cold | None, progress: Progress) -> None:
+                       taken: Worker | Cold | None, progress: Progress, *, source: str) -> None:
         """Attach the worker's group to the run (for recovery, should we die), then say so;
-        whether it is the spare (its row goes once the run has it), or why not.
+        whether it is the one started ahead (``source``: the spare, whose row goes once the
+        run has it, or a `bothy run`'s head start), or why not.
 
         Runs beside codex's first steps. Until the group is attached, a death leaves it named
         by the spare's row (``spares``, forgotten only after `run started`) or, cold, by
@@ -423,7 +450,7 @@ class Supervisor:
                                    "leader_start": record.leader_start,
                                    "command": launch.argv[0]}
         if taken is not None:
-            details["spare"] = "taken" if isinstance(taken, Worker) else "cold"
+            details[source] = "taken" if isinstance(taken, Worker) else "cold"
             if not isinstance(taken, Worker):  # Cold
                 details["cold"] = taken.reason
         await self._audit.record("run", "started", "ok", subject=subject, run_id=run_id,
@@ -548,7 +575,7 @@ class Supervisor:
             await asyncio.shield(started)
         await live.toolbox.start()
         return await self._thread(run_id, request, worker, live.toolbox,
-                                  profile.sandbox if profile else _PLAIN_SANDBOX, started,
+                                  profile.sandbox if profile else PLAIN_SANDBOX, started,
                                   tuple(str(root) for root in profile.skills)
                                   if profile is not None else ())
 
@@ -597,7 +624,7 @@ class Supervisor:
             try:
                 thread = await worker.resume_thread(
                     request.resume_thread, model=self._cfg.codex.model, sandbox=sandbox,
-                    approval_policy=_APPROVAL_POLICY,
+                    approval_policy=APPROVAL_POLICY,
                 )
             except AppServerError as exc:
                 await asyncio.shield(started)  # after `run started`, as AUDIT.md orders
@@ -613,7 +640,7 @@ class Supervisor:
                     unused = "the run resumes its conversation's thread"
                 return replace(thread, origin="resumed", ahead_unused=unused)
         params = ThreadParams(model=self._cfg.codex.model, sandbox=sandbox,
-                              approval_policy=_APPROVAL_POLICY, keep=request.keep_thread,
+                              approval_policy=APPROVAL_POLICY, keep=request.keep_thread,
                               dynamic_tools=tuple(toolbox.dynamic_tools()),
                               skill_roots=skill_roots)
         if self._spare is not None:  # the next spare's thread is started as this one's
@@ -776,10 +803,3 @@ def _truncate(text: str) -> str:
         return text
     dropped = len(text) - FINAL_TEXT_MAX_CHARS
     return text[:FINAL_TEXT_MAX_CHARS] + f"\n[truncated by bothy: {dropped} more characters]"
-
-
-def workspace_problem(workspace: Path) -> str | None:
-    """Why the configured workspace cannot host a run, or None."""
-    if not workspace.is_dir():
-        return f"workspace {workspace} does not exist or is not a directory"
-    return None

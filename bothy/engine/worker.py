@@ -18,14 +18,16 @@ import re
 import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bothy import __version__
 from bothy.engine.launch import Launch
 from bothy.engine.procgroup import GroupRecord, ProcessGroup, StopReport
 from bothy.engine.rpc import MAX_FRAME_BYTES, RpcConnection
-from bothy.engine.threadinputs import ThreadInputs
 from bothy.errors import AppServerError
+
+if TYPE_CHECKING:  # (loaded by the first thread started ahead: not on the way to a spawn)
+    from bothy.engine.threadinputs import ThreadInputs
 
 _INIT_TIMEOUT_S = 60.0
 _CALL_TIMEOUT_S = 30.0
@@ -52,6 +54,10 @@ _CONTROL_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x1f\x7f]")
 # to the model request 76 -> 62 ms (median) on the spare's thread, 92 -> 72 on a thread of its
 # own; the answer's ``turn/completed`` a few ms sooner.
 _HISTORY_MODE = "legacy"
+# A run's thread without a profile's sandbox, and every thread's approval policy (each asked
+# question comes to Bothy's toolbox).
+PLAIN_SANDBOX = "read-only"
+APPROVAL_POLICY = "on-request"
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,13 @@ class ThreadParams:
     keep: bool  # saved under CODEX_HOME so that a later run can resume it
     dynamic_tools: tuple[dict[str, Any], ...] = ()
     skill_roots: tuple[str, ...] = ()  # set on the app-server before the thread starts
+
+    @classmethod
+    def plain(cls, model: str | None, *, keep: bool) -> ThreadParams:
+        """The thread a run without a profile starts (a thread started ahead is at first
+        started so: the spare's, a `bothy run`'s head start's)."""
+        return cls(model=model, sandbox=PLAIN_SANDBOX, approval_policy=APPROVAL_POLICY,
+                   keep=keep)
 
     def differences(self, other: ThreadParams) -> list[str]:
         """The names of the params in which ``other`` differs from these."""
@@ -217,6 +230,8 @@ class Worker:
     async def _thread_inputs(self) -> ThreadInputs:
         # A few dozen stats (bothy/engine/threadinputs.py): 0.1-0.3 ms here, more on a
         # workspace on a network filesystem; off the event loop, as every disk read.
+        from bothy.engine.threadinputs import ThreadInputs
+
         return await asyncio.to_thread(ThreadInputs.read, self._cwd, self._launch.argv)
 
     async def resume_thread(
