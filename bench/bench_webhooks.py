@@ -15,6 +15,12 @@ After each Bothy round every delivery must be durable: a row each in the state d
 Rates are the median round; time-to-200 is pooled over the rounds. The server's CPU per
 delivery (all its threads) is printed beside each.
 
+Then, with intake quiet, the dispatcher alone for :data:`DISPATCHER_WINDOW_S`: how many of
+the round's wakes it defers a second and the server's CPU for each (all threads, and of it
+the main thread's), and how many it had deferred while the round was sent. Its deferrals
+share the event loop, the GIL and the two cores with intake: this is what the intake round
+competes with, measured alone.
+
 Then unwanted deliveries (no job takes them: closed as ignored at intake, recorded ``wake
 ignored``): a burst of 10,000, its rate, and then one wanted delivery: how long after its 200
 its run starts (``wake received``, ``run admitted``, ``run started`` — the worker spawned).
@@ -48,6 +54,7 @@ RATIO_TARGET = 0.5
 P99_TARGET_MS = 10.0
 UNWANTED_TARGET_PER_S = 2_000
 WANTED_AFTER_BURST_TARGET_MS = 100.0
+DISPATCHER_WINDOW_S = 2.0
 SECRET = "bench-secret-8d41e7b2"
 PATH = "/hooks/github"
 _READY_S = 30.0
@@ -143,6 +150,17 @@ class _Round:
     last_200_at: float
 
 
+@dataclass
+class _Dispatching:
+    """The dispatcher alone after a Bothy round: wakes deferred during the round and after."""
+
+    during_round: int  # deferred by the time the round's last answer came
+    caught_up: bool  # nothing was left to defer by the window's end (per_s a lower bound)
+    per_s: float  # deferred a second once intake was quiet
+    cpu_us: float  # the server's CPU per deferral, every thread
+    main_cpu_us: float  # of it the main thread's
+
+
 def main() -> None:
     """Alternate the three servers' rounds; then the unwanted burst and the wanted delivery."""
     sys.path.insert(0, str(REPO))
@@ -154,14 +172,17 @@ def main() -> None:
         _write_requests(wanted, "pull_request", DELIVERIES, "want")
         rounds: dict[str, list[_Round]] = {"bare": [], "file": [], "bothy": []}
         durable: list[str] = []
+        dispatching: list[_Dispatching] = []
         for n in range(ROUNDS):
             rounds["bare"].append(asyncio.run(_baseline_round(wanted, None)))
             (root / f"files-{n}").mkdir()
             rounds["file"].append(asyncio.run(_baseline_round(wanted, root / f"files-{n}")))
-            measured, verdict = asyncio.run(_bothy_round(root / f"site-{n}", wanted))
+            measured, alone, verdict = asyncio.run(_bothy_round(root / f"site-{n}", wanted))
             rounds["bothy"].append(measured)
+            dispatching.append(alone)
             durable.append(verdict)
         _report_rounds(rounds, durable)
+        _report_dispatching(dispatching)
         asyncio.run(_burst_then_wanted(root))
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -194,6 +215,17 @@ def _report_rounds(rounds: dict[str, list[_Round]], durable: list[str]) -> None:
            higher_is_better=False)
     for n, verdict in enumerate(durable, start=1):
         print(f"   durable after round {n}: {verdict}", flush=True)
+
+
+def _report_dispatching(dispatching: list[_Dispatching]) -> None:
+    during = ", ".join(f"{d.during_round:,}" for d in dispatching)
+    print(f"   the dispatcher had deferred {during} of {DELIVERIES:,} by each round's last"
+          f" answer; alone after it: {median([d.per_s for d in dispatching]):,.0f} deferrals/s,"
+          f" server CPU {median([d.cpu_us for d in dispatching]):,.0f} us each"
+          f" ({median([d.main_cpu_us for d in dispatching]):,.0f} on its main thread)"
+          + ("; it ran out of wakes to defer, so that rate is a lower bound"
+             if any(d.caught_up for d in dispatching) else ""), flush=True)
+    print("   load average after: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()), flush=True)
 
 
 def _print_rounds(label: str, rounds: list[_Round]) -> None:
@@ -274,16 +306,31 @@ async def _baseline_round(requests: Path, directory: Path | None) -> _Round:
 # -- bothy serve ----------------------------------------------------------------------------
 
 
-async def _bothy_round(home_root: Path, requests: Path) -> tuple[_Round, str]:
+async def _bothy_round(home_root: Path, requests: Path) -> tuple[_Round, _Dispatching, str]:
     from tests.fakes.model_server import ModelServer, stall
 
     async with ModelServer() as model:
         model.script(stall())  # the first run holds the day's budget: the rest are refused
         async with _serving(home_root, model.base_url) as (port, pid, site):
             measured = await _send(requests, port, pid)
+            alone = await _dispatcher_alone(site.home, pid)
         rows = _count_rows(site.home)
     verdict = "yes" if rows == DELIVERIES else "NO"
-    return measured, f"{verdict}: {rows:,} of {DELIVERIES:,} deliveries have their row"
+    return measured, alone, f"{verdict}: {rows:,} of {DELIVERIES:,} deliveries have their row"
+
+
+async def _dispatcher_alone(home: Path, pid: int) -> _Dispatching:
+    """Deferrals so far, then the dispatcher's rate and CPU over a quiet window."""
+    during = await asyncio.to_thread(_count_deferred, home)
+    cpu, main_cpu = _cpu_s(pid), _cpu_s(pid, pid)
+    await asyncio.sleep(DISPATCHER_WINDOW_S)
+    deferred = await asyncio.to_thread(_count_deferred, home) - during
+    each = max(1, deferred)
+    caught_up = during + deferred >= DELIVERIES - 1  # (the first delivery's run is held)
+    return _Dispatching(during_round=during, caught_up=caught_up,
+                        per_s=deferred / DISPATCHER_WINDOW_S,
+                        cpu_us=(_cpu_s(pid) - cpu) / each * 1e6,
+                        main_cpu_us=(_cpu_s(pid, pid) - main_cpu) / each * 1e6)
 
 
 async def _burst_then_wanted(root: Path) -> None:
@@ -373,11 +420,20 @@ async def _until_ready(site: Any, serve: asyncio.subprocess.Process) -> None:
 
 
 def _count_rows(home: Path) -> int:
+    return _count(home, "SELECT count(*) FROM wakes")
+
+
+def _count_deferred(home: Path) -> int:
+    """Wakes the dispatcher has refused and queued again (read beside a running serve)."""
+    return _count(home, "SELECT count(*) FROM wakes WHERE attempts > 0")
+
+
+def _count(home: Path, query: str) -> int:
     import sqlite3
 
     db = sqlite3.connect(f"file:{home / 'state' / 'bothy.sqlite3'}?mode=ro", uri=True)
     try:
-        return int(db.execute("SELECT count(*) FROM wakes").fetchone()[0])
+        return int(db.execute(query).fetchone()[0])
     finally:
         db.close()
 
