@@ -230,6 +230,8 @@ async def test_repair_is_refused_while_serve_runs(tmp_path: Path) -> None:
         # Ready, and its spare app-server settled (it is recorded a moment after ready).
         await until(lambda: any(" spare " in line for line in site.audit_lines())
                     or not serving.running, "`bothy serve` ready with its spare")
+        # Had serve ended instead, the repair would meet no lock: say why serve ended.
+        assert serving.running, f"`bothy serve` ended: {serving.stderr.text()}"
         before = site.audit_path.read_bytes()
         refused = await shell.bothy("audit", "repair")
         assert refused.code == 75, refused.stderr
