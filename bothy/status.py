@@ -140,6 +140,8 @@ def _collect(home: BothyHome, view: StatusView, now: datetime) -> dict[str, Any]
     db = sqlite3.connect(f"file:{home.db_path}?mode=ro", uri=True, timeout=5)
     db.row_factory = sqlite3.Row
     try:
+        if _unmade(db):
+            return report  # a command stopped (killed) before it made the tables: nothing ran
         _fill(db, report, day, to_us(now), zone)
         _plan(db, report, now, zone)
         report["held_questions"] = _held_questions(db, zone, to_us(now))
@@ -154,6 +156,12 @@ def _collect(home: BothyHome, view: StatusView, now: datetime) -> dict[str, Any]
     finally:
         db.close()
     return report
+
+
+def _unmade(db: sqlite3.Connection) -> bool:
+    """Whether the state database has no tables yet: they are made in one transaction, with
+    its ``user_version`` (engine/state.py), so a file whose version is still 0 holds none."""
+    return int(db.execute("PRAGMA user_version").fetchone()[0]) == 0
 
 
 def _fill(

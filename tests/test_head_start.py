@@ -141,3 +141,25 @@ async def test_a_head_start_no_run_took_is_ended_by_its_close(
     assert leader not in _codex_left(site)
     assert _codex_left(site) == []
     assert server.requests == []
+
+
+@pytest.mark.codex
+async def test_a_sigkilled_run_leaves_no_codex_of_its_head_start(
+    tmp_path: Path, server: ModelServer
+) -> None:
+    """`bothy run` SIGKILLed once its codex is spawned (before or after the run took it, as the
+    kill falls): its codex, on no record until taken, ends with its standard input, and no
+    codex of the site is left; the next command starts as usual."""
+    from tests.fakes.shell import Shell, until
+
+    server.script(text("Never asked, or never answered."))
+    site = Site(tmp_path, server.base_url)
+    async with Shell(site) as shell:
+        running = await shell.start("run", "hello", "--subject", "demo")
+        await until(lambda: _codex_left(site) != [] or not running.running,
+                    "`bothy run` spawned its codex")
+        assert running.running, running.stderr.text()
+        await running.kill()
+
+    await until(lambda: _codex_left(site) == [], "no codex of the site left after the kill")
+    assert (await site.bothy("status")).code == 0

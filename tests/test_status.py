@@ -88,6 +88,30 @@ async def test_status_of_an_empty_state_file_says_nothing_ran(tmp_path: Path) ->
     assert "Traceback" not in done.stderr
 
 
+async def test_status_of_a_state_file_its_maker_was_killed_making_says_nothing_ran(
+    tmp_path: Path,
+) -> None:
+    """A state database a command was killed making (WAL set, its tables not yet made: what a
+    `bothy run` SIGKILLed at its start leaves) reads as a site where nothing ran, in text and
+    JSON: no traceback; the next run makes its tables and is counted."""
+    import sqlite3
+
+    site = Site(tmp_path, "http://127.0.0.1:9/v1")
+    (site.home / "state").mkdir(mode=0o700)
+    made = sqlite3.connect(site.home / "state" / "bothy.sqlite3")
+    made.execute("PRAGMA journal_mode = WAL")
+    made.close()
+    assert (site.home / "state" / "bothy.sqlite3").stat().st_size > 0
+
+    text_done = await site.bothy("status")
+    json_done = await site.bothy("status", "--json")
+
+    assert (text_done.code, json_done.code) == (0, 0), text_done.stderr + json_done.stderr
+    assert "running: 0 of 2 workers" in text_done.stdout
+    assert json.loads(json_done.stdout)["running"] == []
+    assert "Traceback" not in text_done.stderr + json_done.stderr
+
+
 async def test_status_with_standard_output_closed_exits_cleanly(tmp_path: Path) -> None:
     """`bothy status >&-` (a cron line with its output closed): exit 0, nothing on stderr."""
     site = Site(tmp_path, "http://127.0.0.1:9/v1")

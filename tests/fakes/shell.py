@@ -178,6 +178,9 @@ def recorded_groups(home: Path) -> list[GroupRecord]:
         return []
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
     try:
+        # A command killed while it made the database may leave it without tables yet.
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'runs'").fetchone():
+            return []
         rows = db.execute(
             "SELECT pgid, leader_pid, leader_start FROM runs WHERE pgid IS NOT NULL"
         ).fetchall()
