@@ -118,6 +118,32 @@ async def test_a_profile_with_its_own_codex_config_starts_cold_and_ends_the_head
     assert _codex_left(site) == []
 
 
+async def test_a_codex_that_dies_in_its_head_start_fails_the_run_saying_why(
+    tmp_path: Path,
+) -> None:
+    """A codex that exits while it initializes ahead of the run: the run that took it fails
+    with codex's own words and exit code, as a cold start's would, nothing is left reserved,
+    and `bothy status` says nothing runs."""
+    dying = tmp_path / "codex"
+    dying.write_text("#!/bin/sh\necho 'codex: cannot start here' >&2\nexit 3\n")
+    dying.chmod(0o755)
+    site = Site(tmp_path, "http://127.0.0.1:9/v1",
+                codex={"command": [str(dying), "app-server"]})
+
+    done = await site.bothy("run", "hello", "--subject", "demo")
+
+    assert done.code == 1, done.stderr
+    outcome, run_id, cost, *_ = done.stdout.split()
+    assert (outcome, cost) == ("failed", "0.0000")
+    assert "exit code 3" in done.stdout and "codex: cannot start here" in done.stdout
+    records = await _records(site, run_id)
+    assert _record(records, "run", "started")["details"]["head_start"] == "taken"
+    assert _record(records, "run", "finished")["outcome"] == "failed"
+    status = await site.bothy("status", "--json")
+    report = json.loads(status.stdout)
+    assert (report["running"], report["reserved_usd"]) == ([], "0.0000")
+
+
 @pytest.mark.codex
 async def test_a_head_start_no_run_took_is_ended_by_its_close(
     tmp_path: Path, server: ModelServer

@@ -349,8 +349,7 @@ class Supervisor:
     ) -> RunEnd:
         deadline = asyncio.get_running_loop().time() + request.wall_clock_s
         launch = self._launch_for(request)
-        source = "head_start" if self._head_start is not None else "spare"
-        taken, ahead = await self._started_ahead(launch)
+        source, taken, ahead = await self._started_ahead(launch)
         worker = taken if isinstance(taken, Worker) else Worker(
             launch, cwd=self._cfg.workspace, events=asyncio.Queue())
         try:
@@ -404,17 +403,19 @@ class Supervisor:
 
     async def _started_ahead(
         self, launch: Launch
-    ) -> tuple[Worker | Cold | None, asyncio.Future[Any] | None]:
-        """The app-server started ahead for this run, if one was and it fits (or why not; None
-        when there is none to take): the spare's (``bothy serve``), initialized; or the head
-        start's (``bothy run``), with its first steps, which may still be under way."""
+    ) -> tuple[str, Worker | Cold | None, asyncio.Future[Any] | None]:
+        """Where this run's app-server was started ahead (the detail `run started` names), and
+        that app-server if it fits (or why not; None when there is none to take): the spare's
+        (``bothy serve``), initialized; or the head start's (``bothy run``), with its first
+        steps, which may still be under way."""
         if self._head_start is not None:
             head, self._head_start = self._head_start, None  # (one run's, taken once)
             took = head.take(launch, self._cfg.workspace)
-            return took if isinstance(took, tuple) else (took, None)
+            worker, steps = took if isinstance(took, tuple) else (took, None)
+            return "head_start", worker, steps
         if self._spare is not None:
-            return await self._spare.take(launch, self._cfg.workspace), None
-        return None, None
+            return "spare", await self._spare.take(launch, self._cfg.workspace), None
+        return "spare", None, None
 
     async def _told_while_stopping(
         self, run_id: str, subject: str, worker: Worker, toolbox: Toolbox | None, ended: RunEnd,
