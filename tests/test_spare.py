@@ -23,6 +23,7 @@ import pytest
 
 from bothy.engine.audit import AuditRecord
 from bothy.engine.procgroup import live_members
+from bothy.engine.spare import STARTING_WAIT_S
 from tests.fakes import github
 from tests.fakes.codex import codex_binary
 from tests.fakes.model_server import ModelServer, text
@@ -334,12 +335,12 @@ async def test_a_spare_that_cannot_start_is_recorded_and_not_retried_in_a_loop(
 _FIRST_START_HANGS = '[ -e "$FLAG" ] && rm -f "$FLAG" && sleep 600; exec "$0" "$@"'
 
 
-async def test_a_run_never_waits_on_a_spare_still_starting_and_the_stop_ends_it(
+async def test_a_run_waits_on_a_hung_spare_only_until_a_second_after_its_spawn(
     server: ModelServer, tmp_path: Path
 ) -> None:
-    """The spare's start hangs: a delivery runs at once on a cold app-server of its own
-    (`cold`: the spare was still starting) instead of waiting on it, and SIGTERM ends the
-    hung start, its group empty (psutil) and its row gone."""
+    """The spare's start hangs: a delivery runs on a cold app-server of its own once the spare
+    has been starting for a second (`cold` says so), not for as long as codex hangs, and
+    SIGTERM ends the hung start, its group empty (psutil) and its row gone."""
     server.script(text("Done."))
     flag = tmp_path / "first-start-hangs"
     flag.touch()
@@ -355,14 +356,54 @@ async def test_a_run_never_waits_on_a_spare_still_starting_and_the_stop_ends_it(
         assert _spare_records(site, "started") == []  # still hanging while the run ran
         assert await serving.stop() == 0
 
-    assert (run.details["spare"], run.details["cold"]) == ("cold",
-                                                          "the spare was still starting")
+    assert (run.details["spare"], run.details["cold"]) == (
+        "cold", f"the spare was still starting {STARTING_WAIT_S:g} s after its spawn")
     assert run.details["pgid"] != hung
     [ended] = _spare_records(site, "ended")
     assert (ended.details["pgid"], ended.details["why"]) == (hung,
                                                             "bothy stopped while it started")
     assert live_members(hung) == []
     assert _spare_rows(site) == []
+
+
+# A worker command whose first start waits (up to 30 s) for the test to say go, as a codex
+# slow to start on a busy machine would; every later start is codex at once.
+_FIRST_START_WAITS = ('[ -e "$FLAG" ] && rm -f "$FLAG" && i=0 && while [ ! -e "$GO" ]'
+                      ' && [ $i -lt 3000 ]; do sleep 0.01; i=$((i + 1)); done; exec "$0" "$@"')
+
+
+async def test_a_run_that_comes_while_the_spare_starts_waits_for_it_and_takes_it(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    """A delivery admitted while the spare is still starting (as a mention sent right after
+    the last answer meets the next spare) runs on that spare once it is up: `run started`
+    names the spare's group, recorded after `spare started`, and no cold app-server is
+    spawned for it."""
+    server.script(text("Done."))
+    flag, go = tmp_path / "first-start-waits", tmp_path / "go"
+    flag.touch()
+    site = serve_site(tmp_path, server, codex={
+        "command": ["/bin/sh", "-c", _FIRST_START_WAITS.replace("$FLAG", str(flag))
+                    .replace("$GO", str(go)), str(codex_binary()), "app-server"]})
+    async with Shell(site) as shell:
+        serving = await start_serve(shell)
+        await until(lambda: not flag.exists() and len(_spare_rows(site)) == 1,
+                    "the spare's start under way, and recorded")
+        [starting] = _spare_rows(site)
+        await queued(serving, _opened(12))
+        await until_count(site, "run", "admitted", "ok", 1)
+        assert _spare_records(site, "started") == []  # the run came while it was starting
+        go.touch()
+        [finished] = await until_count(site, "run", "finished", "ok", 1)
+        assert await serving.stop() == 0
+
+    run = _started(site, finished)
+    [spare] = _spare_records(site, "started")[:1]
+    assert (run.details["spare"], run.details["pgid"]) == ("taken", starting)
+    assert spare.details["pgid"] == starting
+    assert spare.seq < run.seq
+    assert "cold" not in run.details
+    assert live_members(starting) == []
 
 
 async def test_with_the_spare_off_runs_start_cold_and_nothing_is_started_ahead(

@@ -41,7 +41,7 @@ import asyncio
 import os
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -54,7 +54,7 @@ from bothy.engine.state import StateDB
 from bothy.engine.worker import ThreadParams, Worker
 from bothy.errors import AppServerError, ProcessGroupError
 
-__all__ = ["CODEX_FILES", "Cold", "Spare", "SpareState"]
+__all__ = ["CODEX_FILES", "STARTING_WAIT_S", "Cold", "Spare", "SpareState"]
 
 CODEX_FILES = ("config.toml", "auth.json")
 """What codex reads from ``CODEX_HOME`` as it starts: a spare older than a change is stale."""
@@ -76,6 +76,10 @@ class Cold:
 
     reason: str
 
+
+STARTING_WAIT_S = 1.0
+"""How long a run waits for a spare still starting (codex's initialize and thread/start take
+tens of milliseconds on a healthy site) before it starts its own app-server."""
 
 _Files = tuple[tuple[str, tuple[int, int, int] | None], ...]
 
@@ -103,6 +107,14 @@ class _Held:
     up: asyncio.Task[bool] | None = None  # spawn, record, initialize: True once ready
     watch: asyncio.Task[None] | None = None  # notices its death while it waits
     record: GroupRecord | None = None
+    spawned_s: float = field(default_factory=time.monotonic)  # (monotonic) when start() made it
+
+
+async def _up_within(held: _Held, wait_s: float) -> None:
+    """Wait up to ``wait_s`` for ``held``'s start to end, however it ends (up, failed, or
+    stopped by ``close``); a run cancelled meanwhile leaves the start going on."""
+    if wait_s > 0 and held.up is not None and not held.up.done():
+        await asyncio.wait({held.up}, timeout=wait_s)
 
 
 class Spare:
@@ -140,18 +152,24 @@ class Spare:
     async def take(self, launch: Launch, cwd: Path) -> Worker | Cold:
         """The spare for a run with this launch and cwd, initialized and alive; or why not.
 
-        Only a ready spare is handed over. A spare still starting is left for the next run:
-        waiting on it would tie this run, and a stop, to however long codex takes to start
-        (up to its initialize timeout), where a cold start is bounded like any run's. A ready
-        spare is no longer held once this is called.
+        Only a ready spare is handed over. A spare still starting (a run that comes right
+        after the last one ended: the next spare starts then) is waited for until
+        :data:`STARTING_WAIT_S` after its spawn: it was spawned before this run came, so it
+        is up no later than a cold app-server would be. One not up by then is left where it
+        is, and the run starts cold: a codex stuck in its start holds up the runs of its
+        first second at most, never one after, and never a stop. A ready spare is no longer
+        held once this is called.
         """
         if launch != self.launch or cwd != self.cwd:
             return Cold("the run's launch (its profile's codex_config) is not the spare's")
-        held = self._held
+        starting = self._held
+        if starting is not None and starting.state is SpareState.STARTING:
+            await _up_within(starting, starting.spawned_s + STARTING_WAIT_S - time.monotonic())
+        held = self._held  # (another run waiting beside this one may have taken it)
         if held is None:
             return Cold("bothy is stopping" if self._closed else "no spare was ready")
         if held.state is SpareState.STARTING:
-            return Cold("the spare was still starting")
+            return Cold(f"the spare was still starting {STARTING_WAIT_S:g} s after its spawn")
         self._held = None  # from here on, no other run can have it
         if held.watch is not None:
             held.watch.cancel()
