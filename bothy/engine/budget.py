@@ -254,11 +254,10 @@ class BudgetGate:
     async def refresh(self, run_id: str) -> None:
         """The owner is alive: push the reservation's expiry forward."""
         expires_us = to_us(self._clock()) + self._cfg.reservation_expiry_s * 1_000_000
-        async with self._db.transaction():
-            await self._db.execute(
-                "UPDATE runs SET expires_us = ? WHERE run_id = ? AND status != 'finished'",
-                (expires_us, run_id),
-            )
+        await self._db.atomic(
+            "UPDATE runs SET expires_us = ? WHERE run_id = ? AND status != 'finished'",
+            (expires_us, run_id),
+        )
 
     async def settle(
         self, run_id: str, *, outcome: str, reason: str | None, final_text: str | None

@@ -170,23 +170,20 @@ class WorkerPool:
 
     async def worker_stopped(self, run_id: str) -> None:
         """The run's worker is stopped and recorded so: no later Bothy has it to end."""
-        async with self._db.transaction():
-            await self._db.execute(
-                "DELETE FROM groups WHERE run_id = ? AND role = 'worker'", (run_id,))
+        await self._db.atomic("DELETE FROM groups WHERE run_id = ? AND role = 'worker'",
+                              (run_id,))
 
     async def note_model(self, run_id: str, model: str) -> None:
         """The model the run's thread actually got (the configured one may be unset)."""
-        async with self._db.transaction():
-            await self._db.execute("UPDATE runs SET model = ? WHERE run_id = ?", (model, run_id))
+        await self._db.atomic("UPDATE runs SET model = ? WHERE run_id = ?", (model, run_id))
 
     async def attach_group(self, run_id: str, role: str, record: GroupRecord) -> None:
         """Persist another process group of the run (an MCP server) for orphan recovery."""
-        async with self._db.transaction():
-            await self._db.execute(
-                "INSERT INTO groups (run_id, role, pgid, leader_pid, leader_start)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (run_id, role, record.pgid, record.leader_pid, record.leader_start),
-            )
+        await self._db.atomic(
+            "INSERT INTO groups (run_id, role, pgid, leader_pid, leader_start)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (run_id, role, record.pgid, record.leader_pid, record.leader_start),
+        )
 
     async def reached_worker(self, run_id: str) -> bool:
         """Whether the run ever had a worker (its group was recorded when it was spawned)."""
@@ -195,13 +192,12 @@ class WorkerPool:
 
     async def request_cancel(self, run_id: str) -> bool:
         """Mark a queued or running run for cancellation; False if it already finished."""
-        async with self._db.transaction():
-            changed = await self._db.execute(
-                "UPDATE runs SET cancel_requested_us = COALESCE(cancel_requested_us, ?)"
-                " WHERE run_id = ? AND status != 'finished'",
-                (to_us(self._clock()), run_id),
-            )
-        return changed > 0
+        changed = await self._db.atomic(
+            "UPDATE runs SET cancel_requested_us = COALESCE(cancel_requested_us, ?)"
+            " WHERE run_id = ? AND status != 'finished' RETURNING run_id",
+            (to_us(self._clock()), run_id),
+        )
+        return len(changed) > 0
 
     async def cancel_requested(self, run_id: str) -> bool:
         row = await self._db.fetch_one(

@@ -307,18 +307,15 @@ class Spare:
     # --- Its row, and its tasks ------------------------------------------------------------
 
     async def _remember(self, record: GroupRecord) -> None:
-        async with self._db.transaction():
-            await self._db.execute(
-                "INSERT OR REPLACE INTO spares (pgid, leader_pid, leader_start, owner_pid,"
-                " owner_start, started_us) VALUES (?, ?, ?, ?, ?, ?)",
-                (record.pgid, record.leader_pid, record.leader_start, os.getpid(),
-                 self._owner_start, to_us(self._clock())))
+        await self._db.atomic(
+            "INSERT OR REPLACE INTO spares (pgid, leader_pid, leader_start, owner_pid,"
+            " owner_start, started_us) VALUES (?, ?, ?, ?, ?, ?)",
+            (record.pgid, record.leader_pid, record.leader_start, os.getpid(),
+             self._owner_start, to_us(self._clock())))
 
     async def _forget(self, record: GroupRecord) -> None:
-        async with self._db.transaction():
-            await self._db.execute(
-                "DELETE FROM spares WHERE pgid = ? AND leader_start = ?",
-                (record.pgid, record.leader_start))
+        await self._db.atomic("DELETE FROM spares WHERE pgid = ? AND leader_start = ?",
+                              (record.pgid, record.leader_start))
 
     def _own(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.create_task(work, name="spare")
