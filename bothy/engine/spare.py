@@ -20,8 +20,9 @@ is asked (docs/ARCHITECTURE.md, "The spare"). ``bothy serve`` pays it ahead:
   an unused thread leaves nothing under ``CODEX_HOME`` once its app-server exits in order
   (its shell snapshot and lock go with it); a group SIGKILLed (serve killed, then recovery)
   leaves the thread's ``thread-writer-locks/<id>.lock`` behind;
-* it is handed to exactly one run: :meth:`Spare.take` forgets it before its first ``await``,
-  so no second run can have it; its row goes once the run has recorded the group as its own
+* it is handed to exactly one run: :meth:`Spare.take` forgets a ready spare before any
+  ``await`` (one still starting is waited for first, a second after its spawn at most), so
+  no second run can have it; its row goes once the run has recorded the group as its own
   (:meth:`Spare.run_started`); the next spare is started when that run ends, or a second
   after its turn started, whichever is first: not on the run's way to its turn nor beside
   codex building the model request, yet ready for a mention that comes while a long run
