@@ -335,11 +335,11 @@ async def test_a_spare_that_cannot_start_is_recorded_and_not_retried_in_a_loop(
 _FIRST_START_HANGS = '[ -e "$FLAG" ] && rm -f "$FLAG" && sleep 600; exec "$0" "$@"'
 
 
-async def test_a_run_waits_on_a_hung_spare_only_until_a_second_after_its_spawn(
+async def test_a_run_waits_on_a_hung_spare_only_until_the_bound_after_its_spawn(
     server: ModelServer, tmp_path: Path
 ) -> None:
     """The spare's start hangs: a delivery runs on a cold app-server of its own once the spare
-    has been starting for a second (`cold` says so), not for as long as codex hangs, and
+    has been starting for STARTING_WAIT_S (`cold` says so), not for as long as codex hangs, and
     SIGTERM ends the hung start, its group empty (psutil) and its row gone."""
     server.script(text("Done."))
     flag = tmp_path / "first-start-hangs"

@@ -20,13 +20,14 @@ is asked (docs/ARCHITECTURE.md, "The spare"). ``bothy serve`` pays it ahead:
   an unused thread leaves nothing under ``CODEX_HOME`` once its app-server exits in order
   (its shell snapshot and lock go with it); a group SIGKILLed (serve killed, then recovery)
   leaves the thread's ``thread-writer-locks/<id>.lock`` behind;
-* it is handed to exactly one run: :meth:`Spare.take` forgets a ready spare before any
-  ``await`` (one still starting is waited for first, a second after its spawn at most), so
-  no second run can have it; its row goes once the run has recorded the group as its own
-  (:meth:`Spare.run_started`); the next spare is started when that run ends, or a second
-  after its turn started, whichever is first: not on the run's way to its turn nor beside
-  codex building the model request, yet ready for a mention that comes while a long run
-  works;
+* it is handed to exactly one run: :meth:`Spare.take` forgets a ready spare with no
+  ``await`` between finding it ready and forgetting it (one still starting is waited for
+  first, until :data:`STARTING_WAIT_S` after its spawn), so no second run can have it; its
+  row goes once the run has recorded the group as its own (:meth:`Spare.run_started`); a
+  stop ends the wait, and the run then withdraws without a worker; the next spare is
+  started when that run ends, or a second after its turn started, whichever is first: not
+  on the run's way to its turn nor beside codex building the model request, yet ready for a
+  mention that comes while a long run works;
 * it holds no pool slot and no reservation: it is not a run, and asks for nothing;
 * a dead spare is never handed over (its death is noticed and recorded while it waits, and
   checked again when a run takes it), nor one started before ``CODEX_HOME``'s ``config.toml``
@@ -78,9 +79,10 @@ class Cold:
     reason: str
 
 
-STARTING_WAIT_S = 1.0
-"""How long a run waits for a spare still starting (codex's initialize and thread/start take
-tens of milliseconds on a healthy site) before it starts its own app-server."""
+STARTING_WAIT_S = 2.0
+"""Until how long after a spare's spawn a run waits for it to be up, rather than start its
+own app-server (codex's initialize and thread/start take tens to a few hundred milliseconds
+here, loaded or not)."""
 
 _Files = tuple[tuple[str, tuple[int, int, int] | None], ...]
 
@@ -155,18 +157,21 @@ class Spare:
 
         Only a ready spare is handed over. A spare still starting (a run that comes right
         after the last one ended: the next spare starts then) is waited for until
-        :data:`STARTING_WAIT_S` after its spawn: it was spawned before this run came, so it
-        is up no later than a cold app-server would be. One not up by then is left where it
-        is, and the run starts cold: a codex stuck in its start holds up the runs of its
-        first second at most, never one after, and never a stop. A ready spare is no longer
-        held once this is called.
+        :data:`STARTING_WAIT_S` after its spawn: it was spawned before this run came, so as a
+        rule it is up sooner than a cold app-server would be. One not up by then (stuck, or
+        slow on a machine too busy) is left where it is, and the run starts cold: a codex
+        stuck in its start holds up only the runs that come in its first seconds. A stop
+        ends the wait (``close``). Once ready, the spare is handed over with no ``await``
+        between finding it ready and forgetting it: no other run can have it.
         """
         if launch != self.launch or cwd != self.cwd:
             return Cold("the run's launch (its profile's codex_config) is not the spare's")
         starting = self._held
         if starting is not None and starting.state is SpareState.STARTING:
             await _up_within(starting, starting.spawned_s + STARTING_WAIT_S - time.monotonic())
-        held = self._held  # (another run waiting beside this one may have taken it)
+            if self._held is not starting:
+                return Cold(self._gone(starting))
+        held = self._held
         if held is None:
             return Cold("bothy is stopping" if self._closed else "no spare was ready")
         if held.state is SpareState.STARTING:
@@ -182,6 +187,14 @@ class Spare:
         held.state = SpareState.TAKEN
         held.worker.marks["taken"] = time.monotonic()
         return held.worker
+
+    def _gone(self, waited: _Held) -> str:
+        """Why the spare a run waited for is not there once the wait is over."""
+        if self._closed:
+            return "bothy is stopping"
+        if waited.state is SpareState.TAKEN:
+            return "another run took the spare it waited for"
+        return "the spare it waited for could not start"
 
     def expect(self, launch: Launch, params: ThreadParams) -> None:
         """A run on ``launch`` starts a new thread with ``params``: the next spare's thread is

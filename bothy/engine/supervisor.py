@@ -350,6 +350,8 @@ class Supervisor:
         deadline = asyncio.get_running_loop().time() + request.wall_clock_s
         launch = self._launch_for(request)
         source, taken, ahead = await self._started_ahead(launch)
+        if not isinstance(taken, Worker) and self.closed_to_new_workers:
+            return RunEnd(Outcome.CANCELLED, STOPPED_BEFORE_START)  # (it waited on the spare)
         worker = taken if isinstance(taken, Worker) else Worker(
             launch, cwd=self._cfg.workspace, events=asyncio.Queue())
         try:
