@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from bothy.engine.spare import STARTING_WAIT_S
 from tests.fakes import github
 from tests.fakes.codex import codex_binary
 from tests.fakes.model_server import ModelServer, text
-from tests.fakes.shell import Shell, audit_records, started_group, until
+from tests.fakes.shell import Shell, audit_records, started_group, state_rows, until
 from tests.fakes.site import Site
 from tests.fakes.slack import FakeSlack, slack_environment
 from tests.test_serve import Serving, free_port, queued, serve_site, start_serve, until_count
@@ -56,11 +55,7 @@ async def _spares_started(site: Site, count: int) -> list[AuditRecord]:
 
 def _spare_rows(site: Site) -> list[int]:
     """The pgids the state database holds as spares no run has taken."""
-    db = sqlite3.connect(f"file:{site.home / 'state' / 'bothy.sqlite3'}?mode=ro", uri=True)
-    try:
-        return [row[0] for row in db.execute("SELECT pgid FROM spares ORDER BY pgid")]
-    finally:
-        db.close()
+    return [row[0] for row in state_rows(site, "SELECT pgid FROM spares ORDER BY pgid")]
 
 
 def _started(site: Site, finished: AuditRecord) -> AuditRecord:

@@ -10,7 +10,6 @@ proven empty by psutil.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from bothy.home import BothyHome
 from bothy.runtime import Runtime
 from tests.fakes.codex import PROVIDER_ENV, codex_binary
 from tests.fakes.model_server import ModelServer, text
-from tests.fakes.shell import audit_records, until
+from tests.fakes.shell import audit_records, state_rows, until
 from tests.fakes.site import Site
 
 pytestmark = pytest.mark.codex
@@ -78,11 +77,7 @@ async def held(tmp_path: Path, server: ModelServer) -> AsyncIterator[_Held]:
 
 
 def _spare_rows(site: Site) -> list[int]:
-    db = sqlite3.connect(f"file:{site.home / 'state' / 'bothy.sqlite3'}?mode=ro", uri=True)
-    try:
-        return [row[0] for row in db.execute("SELECT pgid FROM spares ORDER BY pgid")]
-    finally:
-        db.close()
+    return [row[0] for row in state_rows(site, "SELECT pgid FROM spares ORDER BY pgid")]
 
 
 async def _taking(held: _Held) -> asyncio.Task[Worker | Cold]:
@@ -169,8 +164,4 @@ async def test_a_run_waiting_on_the_spare_when_the_stop_comes_starts_no_worker(
 
 
 def _running(site: Site) -> bool:
-    db = sqlite3.connect(f"file:{site.home / 'state' / 'bothy.sqlite3'}?mode=ro", uri=True)
-    try:
-        return db.execute("SELECT count(*) FROM runs WHERE status = 'running'").fetchone()[0] == 1
-    finally:
-        db.close()
+    return state_rows(site, "SELECT count(*) FROM runs WHERE status = 'running'") == [(1,)]

@@ -23,6 +23,7 @@ import signal
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bothy.engine.audit import AuditLog, AuditRecord
 from bothy.engine.procgroup import GroupRecord, end_orphan_group
@@ -189,6 +190,15 @@ def recorded_groups(home: Path) -> list[GroupRecord]:
     finally:
         db.close()
     return [GroupRecord(pgid, leader, start) for pgid, leader, start in rows]
+
+
+def state_rows(site: Site, query: str) -> list[tuple[Any, ...]]:
+    """The rows ``query`` reads from the site's state database (read-only; blocking)."""
+    db = sqlite3.connect(f"file:{site.home / 'state' / 'bothy.sqlite3'}?mode=ro", uri=True)
+    try:
+        return db.execute(query).fetchall()
+    finally:
+        db.close()
 
 
 def audit_records(
