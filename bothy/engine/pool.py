@@ -2,8 +2,10 @@
 
 A lane is a subject (``pr:42``, ``demo``): runs in one lane start one at a time, in arrival
 order. The pool caps how many runs work at once on the machine (``pool.max_workers``). Both
-are decided in one ``BEGIN IMMEDIATE`` transaction against the shared state, so separate
-``bothy`` processes queue behind each other as one.
+are decided against the shared state in one writing statement that claims the slot if every
+rule lets the run go (it takes the write lock before it reads), so separate ``bothy``
+processes queue behind each other as one; a run that must wait has the rules read again in
+one ``BEGIN IMMEDIATE`` transaction, to say which holds it.
 
 A free slot goes to the earliest-admitted run whose lane is free, whichever process owns it
 and whichever polls first: a later run that finds a slot while an earlier one is still
@@ -28,27 +30,56 @@ from bothy.engine.state import StateDB
 _POLL_FIRST_S = 0.05
 _POLL_MAX_S = 0.5
 
-# The earliest queued run, admitted before the one asking (seq < ?), that is not cancelled and
-# has nobody ahead of it in its own lane: it, not the asker, is due the next free slot.
-_EARLIEST_READY = (
-    "SELECT run_id FROM runs AS r WHERE r.status = 'queued' AND r.seq < ?"
-    " AND r.cancel_requested_us IS NULL AND NOT EXISTS (SELECT 1 FROM runs AS a"
-    " WHERE a.subject = r.subject AND a.seq < r.seq AND (a.status IN ('queued', 'running')"
-    " OR EXISTS (SELECT 1 FROM groups AS g WHERE g.run_id = a.run_id AND g.role = 'worker')))"
-    " ORDER BY r.seq LIMIT 1"
-)
-# A finished run whose worker is still stopping (its answer is told first: engine/supervisor.py)
-# still holds its lane and its slot: the next run of a chat thread resumes the Codex thread,
-# which codex refuses while the last one's app-server still has it open.
-_STOPPING_IN_LANE = (
-    "SELECT r.run_id FROM runs AS r JOIN groups AS g ON g.run_id = r.run_id"
-    " WHERE r.subject = ? AND r.seq < ? AND r.status = 'finished' AND g.role = 'worker'"
-    " ORDER BY r.seq LIMIT 1"
-)
+# Each rule of a claim is written once, for a run whose lane and place are ``subject`` and
+# ``seq`` (SQL: ``?`` placeholders where a run is asked about, the claimed row's own columns in
+# the claim itself).
+
+
+def _ahead_in_lane(subject: str, seq: str) -> str:
+    """A run before it in its lane, queued or running."""
+    return ("SELECT run_id, status FROM runs AS a WHERE a.subject = " + subject
+            + " AND a.seq < " + seq + " AND a.status IN ('queued', 'running')"
+            " ORDER BY a.seq LIMIT 1")
+
+
+def _stopping_in_lane(subject: str, seq: str) -> str:
+    """A finished run before it in its lane whose worker is still stopping (its answer is told
+    first: engine/supervisor.py): it still holds its lane and its slot, for the next run of
+    a chat thread resumes the Codex thread, which codex refuses while the last one's
+    app-server still has it open."""
+    return ("SELECT s.run_id FROM runs AS s JOIN groups AS g ON g.run_id = s.run_id"
+            " WHERE s.subject = " + subject + " AND s.seq < " + seq
+            + " AND s.status = 'finished' AND g.role = 'worker' ORDER BY s.seq LIMIT 1")
+
+
+def _earliest_ready(seq: str) -> str:
+    """The earliest queued run, admitted before it, that is not cancelled and has nobody ahead
+    of it in its own lane: it, not the asker, is due the next free slot."""
+    return ("SELECT e.run_id FROM runs AS e WHERE e.status = 'queued' AND e.seq < " + seq
+            + " AND e.cancel_requested_us IS NULL AND NOT EXISTS (SELECT 1 FROM runs AS b"
+            " WHERE b.subject = e.subject AND b.seq < e.seq AND (b.status IN ('queued',"
+            " 'running') OR EXISTS (SELECT 1 FROM groups AS h WHERE h.run_id = b.run_id"
+            " AND h.role = 'worker'))) ORDER BY e.seq LIMIT 1")
+
+
+# Workers busy: runs running, and finished runs whose worker is still stopping.
 _BUSY = (
-    "SELECT (SELECT COUNT(*) FROM runs WHERE status = 'running') + (SELECT COUNT(*) FROM runs"
-    " AS r JOIN groups AS g ON g.run_id = r.run_id WHERE r.status = 'finished'"
-    " AND g.role = 'worker')"
+    "SELECT (SELECT COUNT(*) FROM runs AS c WHERE c.status = 'running') + (SELECT COUNT(*)"
+    " FROM runs AS f JOIN groups AS w ON w.run_id = f.run_id WHERE f.status = 'finished'"
+    " AND w.role = 'worker')"
+)
+_AHEAD_IN_LANE = _ahead_in_lane("?", "?")
+_STOPPING_IN_LANE = _stopping_in_lane("?", "?")
+_EARLIEST_READY = _earliest_ready("?")
+# The claim when every rule lets the run go: one writing statement, which takes the write lock
+# before it reads (as BEGIN IMMEDIATE would), so that separate processes still claim as one.
+_CLAIM = (
+    "UPDATE runs SET status = 'running', started_us = ? WHERE run_id = ?"
+    " AND status = 'queued' AND cancel_requested_us IS NULL"
+    " AND NOT EXISTS (" + _ahead_in_lane("runs.subject", "runs.seq") + ")"
+    " AND NOT EXISTS (" + _stopping_in_lane("runs.subject", "runs.seq") + ")"
+    " AND (" + _BUSY + ") < ?"
+    " AND NOT EXISTS (" + _earliest_ready("runs.seq") + ") RETURNING run_id"
 )
 
 
@@ -86,6 +117,22 @@ class WorkerPool:
         self._freed = asyncio.Event()
 
     async def try_claim(self, run_id: str) -> Claimed | Waiting | Withdrawn:
+        """Claim a slot for the run if every rule lets it go, or say why not.
+
+        The claim is one writing statement, a single round trip to the database (a ``bothy
+        serve``'s intake waits behind what holds the connection); only a run that may not
+        go yet (or is withdrawn, or already claimed) has the rules read again, in one
+        ``BEGIN IMMEDIATE`` transaction, to say which one holds it.
+        """
+        claimed = await self._db.atomic(
+            _CLAIM, (to_us(self._clock()), run_id, self._cfg.max_workers))
+        if claimed:
+            return Claimed(run_id)
+        return await self._why_not(run_id)
+
+    async def _why_not(self, run_id: str) -> Claimed | Waiting | Withdrawn:
+        """The rules in order, each read (one committed view, under the write lock); the
+        claim if, by now, none holds the run."""
         async with self._db.transaction():
             row = await self._db.fetch_one(
                 "SELECT seq, subject, status, cancel_requested_us FROM runs WHERE run_id = ?",
@@ -97,11 +144,7 @@ class WorkerPool:
                 return Withdrawn("cancelled while waiting")
             if row["status"] == "running":
                 return Claimed(run_id)
-            ahead = await self._db.fetch_one(
-                "SELECT run_id, status FROM runs WHERE subject = ? AND seq < ?"
-                " AND status IN ('queued', 'running') ORDER BY seq LIMIT 1",
-                (row["subject"], row["seq"]),
-            )
+            ahead = await self._db.fetch_one(_AHEAD_IN_LANE, (row["subject"], row["seq"]))
             if ahead is not None:
                 return Waiting(f"behind {ahead['run_id']} in lane {row['subject']}")
             stopping = await self._db.fetch_one(_STOPPING_IN_LANE, (row["subject"], row["seq"]))
