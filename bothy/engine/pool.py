@@ -12,8 +12,9 @@ and whichever polls first: a later run that finds a slot while an earlier one is
 waiting for it waits too, so nobody is overtaken by a luckier poll.
 
 Waiting across processes is polling with a short, growing interval: processes share no channel
-but SQLite, and a poll costs one small read. Within one process a waiter is woken at once when
-:meth:`WorkerPool.freed` says a slot or a lane came free.
+but SQLite, and a poll is the claim's statement, then the rules read again to say which
+holds the run (under the write lock, briefly, twice). Within one process a waiter is woken
+at once when :meth:`WorkerPool.freed` says a slot or a lane came free.
 """
 
 from __future__ import annotations
@@ -30,32 +31,33 @@ from bothy.engine.state import StateDB
 _POLL_FIRST_S = 0.05
 _POLL_MAX_S = 0.5
 
-# Each rule of a claim is written once, for a run whose lane and place are ``subject`` and
-# ``seq`` (SQL: ``?`` placeholders where a run is asked about, the claimed row's own columns in
-# the claim itself).
+# Each rule of a claim is written once, for a run whose lane and place are the SQL expressions
+# ``subject_sql`` and ``seq_sql``: ``?`` placeholders where a run is asked about, the claimed
+# row's own columns (``runs.subject``, ``runs.seq``) in the claim itself, where every table of a
+# rule has an alias so that ``runs`` names that row.
 
 
-def _ahead_in_lane(subject: str, seq: str) -> str:
+def _ahead_in_lane(subject_sql: str, seq_sql: str) -> str:
     """A run before it in its lane, queued or running."""
-    return ("SELECT run_id, status FROM runs AS a WHERE a.subject = " + subject
-            + " AND a.seq < " + seq + " AND a.status IN ('queued', 'running')"
+    return ("SELECT run_id, status FROM runs AS a WHERE a.subject = " + subject_sql
+            + " AND a.seq < " + seq_sql + " AND a.status IN ('queued', 'running')"
             " ORDER BY a.seq LIMIT 1")
 
 
-def _stopping_in_lane(subject: str, seq: str) -> str:
+def _stopping_in_lane(subject_sql: str, seq_sql: str) -> str:
     """A finished run before it in its lane whose worker is still stopping (its answer is told
     first: engine/supervisor.py): it still holds its lane and its slot, for the next run of
     a chat thread resumes the Codex thread, which codex refuses while the last one's
     app-server still has it open."""
     return ("SELECT s.run_id FROM runs AS s JOIN groups AS g ON g.run_id = s.run_id"
-            " WHERE s.subject = " + subject + " AND s.seq < " + seq
+            " WHERE s.subject = " + subject_sql + " AND s.seq < " + seq_sql
             + " AND s.status = 'finished' AND g.role = 'worker' ORDER BY s.seq LIMIT 1")
 
 
-def _earliest_ready(seq: str) -> str:
+def _earliest_ready(seq_sql: str) -> str:
     """The earliest queued run, admitted before it, that is not cancelled and has nobody ahead
     of it in its own lane: it, not the asker, is due the next free slot."""
-    return ("SELECT e.run_id FROM runs AS e WHERE e.status = 'queued' AND e.seq < " + seq
+    return ("SELECT e.run_id FROM runs AS e WHERE e.status = 'queued' AND e.seq < " + seq_sql
             + " AND e.cancel_requested_us IS NULL AND NOT EXISTS (SELECT 1 FROM runs AS b"
             " WHERE b.subject = e.subject AND b.seq < e.seq AND (b.status IN ('queued',"
             " 'running') OR EXISTS (SELECT 1 FROM groups AS h WHERE h.run_id = b.run_id"
