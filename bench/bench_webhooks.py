@@ -5,6 +5,10 @@ distinct ids) to, in the same run and under the same load, rounds alternating:
 
 - a bare aiohttp handler that reads the body and answers 200 (no check, nothing kept);
 - an aiohttp handler that writes and fsyncs one file per delivery, then answers 200;
+- a lean durable handler, the least a durable intake does: it checks the signature, parses
+  the JSON, appends a line to one segment and answers 200 once the fsync covering it is done
+  (group commit: one thread hop and one fsync per batch; no rows, no register, no
+  dispatcher) — what this machine allows a Python intake, to set Bothy's layers against;
 - ``bothy serve`` (its own process, its home on the repository's disk in ``.bench/``): every
   200 follows the fsync and the SQLite commit covering its delivery (group commit). The
   deliveries are wanted (the route's job takes them): the first is admitted and held by the
@@ -104,6 +108,56 @@ async def main(path, clients):
 asyncio.run(main(sys.argv[1], int(sys.argv[2])))
 """
 
+# The lean durable handler (see the module docstring): the secret in argv[2], the segment in
+# the directory argv[1].
+_LEAN = r"""
+import asyncio, hmac, json, os, sys
+from aiohttp import web
+
+secret = sys.argv[2].encode()
+fd = os.open(os.path.join(sys.argv[1], "segment"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+waiting, committing = [], [False]
+
+def append(lines):
+    os.write(fd, b"".join(lines))
+    os.fsync(fd)
+
+async def commit():
+    global waiting
+    while waiting:
+        batch, waiting = waiting, []
+        await asyncio.to_thread(append, [line for line, _ in batch])
+        for _, done in batch:
+            done.set_result(None)
+    committing[0] = False
+
+async def answer(request):
+    body = await request.read()
+    given = request.headers.get("X-Hub-Signature-256", "").removeprefix("sha256=")
+    if not hmac.compare_digest(given, hmac.new(secret, body, "sha256").hexdigest()):
+        return web.json_response({"error": "bad signature"}, status=401)
+    payload = json.loads(body)
+    line = json.dumps({"event": request.headers.get("X-GitHub-Event"),
+                       "delivery": request.headers.get("X-GitHub-Delivery"),
+                       "action": payload.get("action"), "body": body.decode()}).encode()
+    done = asyncio.get_running_loop().create_future()
+    waiting.append((line + b"\n", done))
+    if not committing[0]:
+        committing[0] = True
+        asyncio.ensure_future(commit())
+    await done
+    return web.json_response({"status": "queued"})
+
+async def main():
+    runner = web.ServerRunner(web.Server(answer, access_log=None))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    print(runner.addresses[0][1], flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
 # A baseline server: answers 200 after reading the body; with a directory argument, after
 # writing and fsyncing one file per delivery there (in a thread, as a careful handler would).
 _BASELINE = r"""
@@ -170,13 +224,15 @@ def main() -> None:
     try:
         wanted = root / "wanted.jsonl"
         _write_requests(wanted, "pull_request", DELIVERIES, "want")
-        rounds: dict[str, list[_Round]] = {"bare": [], "file": [], "bothy": []}
+        rounds: dict[str, list[_Round]] = {"bare": [], "file": [], "lean": [], "bothy": []}
         durable: list[str] = []
         dispatching: list[_Dispatching] = []
         for n in range(ROUNDS):
             rounds["bare"].append(asyncio.run(_baseline_round(wanted, None)))
             (root / f"files-{n}").mkdir()
             rounds["file"].append(asyncio.run(_baseline_round(wanted, root / f"files-{n}")))
+            (root / f"lean-{n}").mkdir()
+            rounds["lean"].append(asyncio.run(_lean_round(wanted, root / f"lean-{n}")))
             measured, alone, verdict = asyncio.run(_bothy_round(root / f"site-{n}", wanted))
             rounds["bothy"].append(measured)
             dispatching.append(alone)
@@ -190,6 +246,7 @@ def main() -> None:
 
 def _report_rounds(rounds: dict[str, list[_Round]], durable: list[str]) -> None:
     labels = {"bare": "bare aiohttp 200", "file": "aiohttp + one fsynced file each",
+              "lean": "lean durable handler (signature, JSON, one segment, group commit)",
               "bothy": "bothy serve (durable, dispatcher running)"}
     for name, label in labels.items():
         _print_rounds(label, rounds[name])
@@ -201,6 +258,8 @@ def _report_rounds(rounds: dict[str, list[_Round]], durable: list[str]) -> None:
            100 * RATIO_TARGET, higher_is_better=True)
     print(f"   ratio to one fsynced file per delivery: {rate['bothy'] / rate['file']:.2f}×",
           flush=True)
+    print(f"   the lean durable handler: {rate['lean'] / rate['bare']:.2f}× the bare handler;"
+          f" bothy serve {rate['bothy'] / rate['lean']:.2f}× the lean one", flush=True)
     cpu = {name: median([r.server_cpu_us for r in rs]) for name, rs in rounds.items()}
     print(f"   server CPU per delivery: bothy {cpu['bothy']:,.0f} us, bare {cpu['bare']:,.0f} us"
           f" ({cpu['bothy'] / cpu['bare']:.1f}×; on a machine whose CPU is the limit, 0.5× the"
@@ -288,6 +347,18 @@ def _cpu_s(pid: int, thread: int | None = None) -> float:
     stat = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
     fields = Path(stat).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _lean_round(requests: Path, directory: Path) -> _Round:
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _LEAN, str(directory), SECRET, stdout=subprocess.PIPE)
+    try:
+        assert server.stdout is not None
+        port = int(await server.stdout.readline())
+        return await _send(requests, port, server.pid)
+    finally:
+        server.terminate()
+        await server.wait()
 
 
 async def _baseline_round(requests: Path, directory: Path | None) -> _Round:
