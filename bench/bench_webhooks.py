@@ -108,6 +108,18 @@ async def main(path, clients):
 asyncio.run(main(sys.argv[1], int(sys.argv[2])))
 """
 
+# How every reference server serves its ``answer``: on a free loopback port, printed first.
+_SERVE = r"""
+async def main():
+    runner = web.ServerRunner(web.Server(answer, access_log=None))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    print(runner.addresses[0][1], flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
 # The lean durable handler (see the module docstring): the secret in argv[2], the segment in
 # the directory argv[1].
 _LEAN = r"""
@@ -147,16 +159,7 @@ async def answer(request):
         asyncio.ensure_future(commit())
     await done
     return web.json_response({"status": "queued"})
-
-async def main():
-    runner = web.ServerRunner(web.Server(answer, access_log=None))
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    print(runner.addresses[0][1], flush=True)
-    await asyncio.Event().wait()
-
-asyncio.run(main())
-"""
+""" + _SERVE
 
 # A baseline server: answers 200 after reading the body; with a directory argument, after
 # writing and fsyncing one file per delivery there (in a thread, as a careful handler would).
@@ -181,16 +184,7 @@ async def answer(request):
     if directory is not None:
         await asyncio.to_thread(keep, body)
     return web.json_response({"status": "ok"})
-
-async def main():
-    runner = web.ServerRunner(web.Server(answer, access_log=None))
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    print(runner.addresses[0][1], flush=True)
-    await asyncio.Event().wait()
-
-asyncio.run(main())
-"""
+""" + _SERVE
 
 
 @dataclass
@@ -350,21 +344,18 @@ def _cpu_s(pid: int, thread: int | None = None) -> float:
 
 
 async def _lean_round(requests: Path, directory: Path) -> _Round:
-    server = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _LEAN, str(directory), SECRET, stdout=subprocess.PIPE)
-    try:
-        assert server.stdout is not None
-        port = int(await server.stdout.readline())
-        return await _send(requests, port, server.pid)
-    finally:
-        server.terminate()
-        await server.wait()
+    return await _reference_round(requests, _LEAN, str(directory), SECRET)
 
 
 async def _baseline_round(requests: Path, directory: Path | None) -> _Round:
-    args = [str(directory)] if directory is not None else []
+    return await _reference_round(requests, _BASELINE,
+                                  *([str(directory)] if directory is not None else []))
+
+
+async def _reference_round(requests: Path, script: str, *args: str) -> _Round:
+    """One round against a reference server (``script``, run with ``args``)."""
     server = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _BASELINE, *args, stdout=subprocess.PIPE)
+        sys.executable, "-c", script, *args, stdout=subprocess.PIPE)
     try:
         assert server.stdout is not None
         port = int(await server.stdout.readline())

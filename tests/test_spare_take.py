@@ -31,10 +31,12 @@ from tests.fakes.site import Site
 
 pytestmark = pytest.mark.codex
 
-# The spare's first start waits (up to 30 s) for the go file; every later start is codex at
-# once (the flag file is gone).
+# The spare's first start waits (up to 30 s) for the go file, then is codex, or exits 3 if
+# the file says "fail" (a codex that cannot start); every later start is codex at once (the
+# flag file is gone).
 _FIRST_START_WAITS = ('[ -e "$FLAG" ] && rm -f "$FLAG" && i=0 && while [ ! -e "$GO" ]'
-                      ' && [ $i -lt 3000 ]; do sleep 0.01; i=$((i + 1)); done; exec "$0" "$@"')
+                      ' && [ $i -lt 3000 ]; do sleep 0.01; i=$((i + 1)); done;'
+                      ' [ "$(cat "$GO")" = fail ] && exit 3; exec "$0" "$@"')
 
 
 @dataclass
@@ -81,10 +83,17 @@ def _spare_rows(site: Site) -> list[int]:
 
 
 async def _taking(held: _Held) -> asyncio.Task[Worker | Cold]:
-    """A take of the held spare, started and let run until it waits."""
-    task = asyncio.ensure_future(held.spare.take(held.spare.launch, held.spare.cwd))
-    for _ in range(3):  # (its first steps need no I/O: it is waiting once they are done)
-        await asyncio.sleep(0)
+    """A take of the held spare, returned once it waits: ``take`` runs without a pause from
+    its call to its wait on the spare's start, so once the task's first step has set
+    ``called``, the take waits."""
+    called = asyncio.Event()
+
+    async def take() -> Worker | Cold:
+        called.set()
+        return await held.spare.take(held.spare.launch, held.spare.cwd)
+
+    task = asyncio.ensure_future(take())
+    await called.wait()
     assert not task.done(), task
     return task
 
@@ -102,6 +111,21 @@ async def test_two_runs_waiting_on_a_starting_spare_get_it_once(held: _Held) -> 
     assert colds == [Cold("another run took the spare it waited for")]
     assert workers[0].is_alive()
     await workers[0].stop(grace_s=2.0)
+    assert live_members(held.pgid) == []
+
+
+async def test_a_run_whose_spare_fails_to_start_while_it_waits_starts_cold_saying_so(
+    held: _Held
+) -> None:
+    """The spare a run waits on cannot start (codex exits): the run starts cold at once,
+    saying so, and the failed spare is recorded and its group empty."""
+    taking = await _taking(held)
+    held.go.write_text("fail")
+
+    assert await asyncio.wait_for(taking, 10) == Cold("the spare it waited for could not start")
+    [ended] = audit_records(held.site, lambda r: (r.kind, r.event) == ("spare", "ended"))
+    assert (ended.outcome, ended.details["pgid"]) == ("failed", held.pgid)
+    assert str(ended.details["why"]).startswith("it could not start")
     assert live_members(held.pgid) == []
 
 
@@ -149,9 +173,9 @@ async def test_a_run_waiting_on_the_spare_when_the_stop_comes_starts_no_worker(
         RunRequest(prompt="Say hi", subject="lane", source="test", max_usd_micros=500_000,
                    wall_clock_s=60), admitted=admitted))
     await asyncio.wait_for(admitted.wait(), 10)
+    # From its slot to its wait on the spare the run does no I/O: once the claim's row is
+    # seen here, the run has gone on to the spare.
     await until(lambda: _running(held.site), "the run holding its slot")
-    for _ in range(3):  # (from its slot to the spare it awaits nothing that does I/O)
-        await asyncio.sleep(0)
     held.supervisor.close_to_new_workers()
     await held.spare.close()
     result = await asyncio.wait_for(run, 20)
