@@ -571,6 +571,30 @@ def test_records_filter_by_run_and_since(tmp_path: Path) -> None:
         list(log.records(since=datetime(2026, 1, 1)))
 
 
+def test_records_filtered_by_kind_and_time_are_those_a_full_read_would_keep(
+    tmp_path: Path,
+) -> None:
+    """records(kinds=..., since=...) passes over a line by its head (seq, time, kind) without
+    decoding the rest, and returns exactly the records a full read then a filter would, across
+    a repaired register too: the repair's kept file counts only up to its last good record."""
+    log = AuditLog(tmp_path / "audit.jsonl", clock=_SteppingClock(), events=_FORMAT_EVENTS)
+    for n in range(12):
+        kind, event = [("wake", "received"), ("run", "admitted"), ("test", "written")][n % 3]
+        log.append(kind, event, "ok", subject=f"pr:{n}", details={"n": n, "kind": "run"})
+    lines = _read_lines(log)
+    _write_lines(log, [*lines[:9], lines[9].replace(b'"n":9', b'"n":99'), *lines[10:]])
+    assert log.repair() is not None
+    log.append("run", "admitted", "ok", subject="pr:after")
+    since = FIXED_TS + timedelta(seconds=4)
+
+    every = list(log.records())
+    for kinds in (("run",), ("wake", "run"), ("nothing",)):
+        assert list(log.records(kinds=kinds)) == [r for r in every if r.kind in kinds]
+        assert list(log.records(kinds=kinds, since=since)) == [
+            r for r in every if r.kind in kinds and r.ts >= since]
+    assert [r.details.get("n") for r in log.records(kinds=("run",))] == [1, 4, 7, None]
+
+
 async def test_concurrent_writers_of_every_kind_keep_one_chain_in_seq_order(
     tmp_path: Path,
 ) -> None:

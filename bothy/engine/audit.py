@@ -34,7 +34,7 @@ import asyncio
 import functools
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,6 +50,7 @@ from bothy.engine.auditrecord import (
     AuditRecord,
     canonical_details_json,
     flat_details,
+    head_of,
     names_json,
     parse_line,
     quote,
@@ -76,6 +77,28 @@ _SETTLE_AFTER_QUIET_S = 0.05
 # Tokens found well-formed (whether one is depends on it alone), each with its JSON form.
 _WELL_FORMED: dict[str, str] = {}
 _WELL_FORMED_MAX = 4096
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    """Which records a reader of the register asked for (:meth:`AuditLog.records`)."""
+
+    run_id: str | None
+    since: datetime | None
+    kinds: frozenset[str] | None
+
+    @property
+    def by_head(self) -> bool:
+        """Whether a line's head alone can rule it out."""
+        return self.since is not None or self.kinds is not None
+
+    def head(self, ts: datetime, kind: str) -> bool:
+        return ((self.since is None or ts >= self.since)
+                and (self.kinds is None or kind in self.kinds))
+
+    def record(self, record: AuditRecord) -> bool:
+        return ((self.run_id is None or record.run_id == self.run_id)
+                and self.head(record.ts, record.kind))
 
 
 class AuditLog:
@@ -200,20 +223,29 @@ class AuditLog:
     # -- reading ---------------------------------------------------------------------------
 
     def records(
-        self, *, run_id: str | None = None, since: datetime | None = None
+        self,
+        *,
+        run_id: str | None = None,
+        since: datetime | None = None,
+        kinds: Collection[str] | None = None,
     ) -> Iterator[AuditRecord]:
-        """Records in file order, optionally only one run's or those stamped at/after ``since``.
+        """Records in file order, optionally only one run's, those stamped at/after ``since``,
+        or those of ``kinds``.
 
         Does not check the chain (that is ``verify``); raises AuditIntegrityError on reaching a
-        line that cannot be read as a record, after yielding every record before it.
+        line that cannot be read as a record, after yielding every record before it. A line
+        whose head (seq, timestamp, kind: :func:`head_of`) already puts it outside ``since``
+        or ``kinds`` is passed over without being decoded, so a reader of one recent stretch
+        of a long register pays little for the rest.
         """
         if since is not None and since.tzinfo is None:
             raise ValueError(f"since must be an aware datetime, not {since!r}")
+        wanted = _Wanted(run_id, since, None if kinds is None else frozenset(kinds))
         for path, stop_after in self._segments():
-            yield from self._segment_records(path, stop_after, run_id, since)
+            yield from self._segment_records(path, stop_after, wanted)
 
     def _segment_records(
-        self, path: Path, stop_after: int | None, run_id: str | None, since: datetime | None
+        self, path: Path, stop_after: int | None, wanted: _Wanted
     ) -> Iterator[AuditRecord]:
         last_seq = 0
         for line_no, raw in file_lines(path, self._lock_path):
@@ -223,6 +255,12 @@ class AuditLog:
                 raise AuditIntegrityError(
                     f"Cannot read {path}: line {line_no} is truncated", line_no=line_no
                 )
+            head = head_of(raw) if wanted.by_head else None
+            if head is not None and not wanted.head(head[1], head[2]):
+                if stop_after is not None and head[0] > stop_after:
+                    return
+                last_seq = head[0]
+                continue
             parsed = parse_line(raw[:-1])
             if isinstance(parsed, str):
                 raise AuditIntegrityError(
@@ -231,11 +269,8 @@ class AuditLog:
             if stop_after is not None and parsed.seq > stop_after:
                 return
             last_seq = parsed.seq
-            if run_id is not None and parsed.run_id != run_id:
-                continue
-            if since is not None and parsed.ts < since:
-                continue
-            yield parsed
+            if wanted.record(parsed):
+                yield parsed
 
     def verify(self) -> VerifyReport:
         """Check the whole chain, across repaired segments, and name the first problem.

@@ -20,7 +20,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from bothy.clock import Clock, to_us
+from bothy.clock import Clock, from_us, to_us
 from bothy.config import WakesConfig
 from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog, NewRecord
@@ -33,7 +33,7 @@ from bothy.waits import first_of
 from bothy.wakes import schedules
 from bothy.wakes.delivery import POLL, Delivery, wake_details
 from bothy.wakes.handlers import Quiet, WakeHandler, WakeStart
-from bothy.wakes.history import Abandoned, Deferred, RunHistory
+from bothy.wakes.history import Abandoned, Deferred, RunHistory, history_since
 from bothy.wakes.inbox import Inbox, Reinserted, WakeRow
 from bothy.wakes.jobs import Ignored
 
@@ -115,14 +115,25 @@ class Dispatcher:
         was committed before the row could say so), requeue those whose run never started,
         and close those whose run was under way (returned, so that whoever waits can be
         told). All of it audited."""
-        history = await asyncio.to_thread(RunHistory.from_register, self._audit)
+        payloads = await self._inbox.unindexed()
+        in_flight = await self._inbox.in_flight()
+        since = history_since(self._clock(), self._cfg.keep_deliveries_days,
+                              [delivery.received_at for delivery, _, _ in payloads]
+                              + [from_us(w.received_us) for w in in_flight])
+        asked = ({(delivery.route, delivery.key) for delivery, _, _ in payloads}
+                 | {(wake.route, wake.key) for wake in in_flight})
+        history = await asyncio.to_thread(RunHistory.from_register, self._audit, since=since,
+                                          deliveries=asked)
         found = Recovered()
-        for restored in await self._inbox.recover(history.ran_as, history.ignored):
+        # Intake keeps the ignored deliveries alone: the rest of the history goes with this call.
+        for restored in await self._inbox.recover(history.ran_as,
+                                                  history.ignored_deliveries.holds,
+                                                  found=payloads):
             await self._reinserted(restored)
             closed = restored.ran_as is not None or restored.ignored
             found.reinserted += not closed
             found.already_run += closed
-        for wake in await self._inbox.in_flight():
+        for wake in in_flight:  # a payload given its row above is never running
             step = (history.refused_step(wake.run_id, wake.route, wake.key, wake.attempts + 1)
                     if wake.run_id else None)
             if step is not None:  # refused, recorded, and stopped before its row said so

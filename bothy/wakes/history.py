@@ -16,17 +16,25 @@ attempt. The commit that records a refusal at admission holds `run refused` and 
 `wake deferred` (or `wake abandoned`) before the wake's row says so; a daemon killed between
 the two leaves the row ``running``, naming a run the register shows refused. Recovery then
 carries out what the register says (:meth:`RunHistory.refused_step`) rather than run it again.
+
+It reads a recent stretch of the register, not all of it (:func:`history_since`): what it
+answers concerns deliveries received since then, and their records are never older than
+their arrival. Start-up and memory then stay the same on a site whose register has grown for
+years. Of what it read, intake keeps only the ignored deliveries, 16 bytes each
+(:mod:`bothy.wakes.digestset`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from bothy.engine.audit import AuditLog, AuditRecord
+from bothy.engine.auditindex import wake_id_for
 from bothy.errors import AuditIntegrityError
 from bothy.wakes.delivery import ignored_in
+from bothy.wakes.digestset import DigestSet, DigestSetBuilder
 
 
 @dataclass(frozen=True)
@@ -47,11 +55,22 @@ class Abandoned:
 
 class RunHistory:
     """Deliveries the register shows were run ((route, delivery key) → the run id), or
-    ignored, and what it decided of each attempt refused at a gate."""
+    ignored, and what it decided of each attempt refused at a gate.
 
-    def __init__(self, records: Iterable[AuditRecord]) -> None:
+    ``deliveries``: the (route, key) pairs whose runs and refusals recovery asks about (None:
+    every one). The others' records are passed over, not kept: on a busy site they are tens
+    of thousands a week, and recovery has a handful to decide. Every ignored delivery is
+    kept, for intake (:attr:`ignored_deliveries`)."""
+
+    def __init__(
+        self, records: Iterable[AuditRecord], *,
+        deliveries: Collection[tuple[str, str]] | None = None,
+    ) -> None:
+        def asked(route: str, key: str) -> bool:
+            return deliveries is None or (route, key) in deliveries
+
         woken: dict[str, tuple[str, str]] = {}  # wake id (or, in older records, run id)
-        self._ignored: set[tuple[str, str]] = set()
+        ignored = DigestSetBuilder()
         wake_of: dict[str, str] = {}  # run id -> the wake id its records name
         started: set[str] = set()
         self._refused: dict[str, int] = {}  # run id -> the seq of its `run refused`
@@ -60,32 +79,39 @@ class RunHistory:
         for record in records:
             wake_id = record.details.get("wake_id")
             if (record.kind, record.event) in (("wake", "deferred"), ("wake", "abandoned")):
-                self._step(record)
+                self._step(record, asked)
             elif (record.kind, record.event) == ("wake", "received"):
                 route, key = record.details.get("route"), record.details.get("delivery")
                 ident = wake_id if isinstance(wake_id, str) else record.run_id
-                if isinstance(route, str) and isinstance(key, str) and ident:
+                if isinstance(route, str) and isinstance(key, str) and ident and asked(route, key):
                     woken[ident] = (route, key)
             elif (record.kind, record.event) == ("wake", "ignored"):  # one, or intake's batch
-                self._ignored.update((d.route, d.key) for d in ignored_in(record.details))
-            elif record.kind == "run" and record.run_id:
+                for closed in ignored_in(record.details):
+                    ignored.add(closed.route, closed.key)
+            # A run's records follow its wake's `wake received` (one commit holds both). Not
+            # every one names the wake, whose id is the run's own stamp (wake_id_for).
+            elif (record.kind == "run" and record.run_id
+                  and (wake_id_for(record.run_id) in woken or wake_id in woken
+                       or record.run_id in woken)):
                 if isinstance(wake_id, str):
                     wake_of[record.run_id] = wake_id
                 if record.event == "started":
                     started.add(record.run_id)
                 elif record.event == "refused":
                     self._refused[record.run_id] = record.seq
+        # What intake keeps (as long as `bothy serve` runs) of all this: 16 bytes a delivery.
+        self.ignored_deliveries: DigestSet = ignored.build()
         self._ran: dict[tuple[str, str], str] = {}
         for run_id in started:
             delivery = woken.get(wake_of.get(run_id, run_id))
             if delivery is not None:
                 self._ran[delivery] = run_id
 
-    def _step(self, record: AuditRecord) -> None:
+    def _step(self, record: AuditRecord, asked: Callable[[str, str], bool]) -> None:
         route, key, attempt, reason = (record.details.get(name) for name in
                                        ("route", "delivery", "attempt", "reason"))
         if not (isinstance(route, str) and isinstance(key, str) and isinstance(attempt, int)
-                and isinstance(reason, str)):
+                and isinstance(reason, str) and asked(route, key)):
             return
         step: Deferred | Abandoned = Abandoned(reason)
         if record.event == "deferred":
@@ -96,10 +122,16 @@ class RunHistory:
         self._steps[(route, key, attempt)] = (record.seq, step)
 
     @classmethod
-    def from_register(cls, audit: AuditLog) -> RunHistory:
-        """Read the whole register (blocking: call it from a thread). A register that cannot
-        be read to its end counts what it holds up to the break."""
-        return cls(_readable(audit))
+    def from_register(
+        cls, audit: AuditLog, *, since: datetime | None = None,
+        deliveries: Collection[tuple[str, str]] | None = None,
+    ) -> RunHistory:
+        """Read the register's records stamped at or after ``since`` (all of them if None;
+        blocking: call it from a thread). A register that cannot be read to its end counts
+        what it holds up to the break."""
+        # With no delivery asked about, no run's records can matter: only `wake` lines are read.
+        kinds = _WAKES if deliveries is not None and not deliveries else _WAKES_AND_RUNS
+        return cls(_readable(audit, since, kinds), deliveries=deliveries)
 
     def ran_as(self, route: str, key: str) -> str | None:
         """The run that already ran this delivery, or None."""
@@ -119,11 +151,34 @@ class RunHistory:
 
     def ignored(self, route: str, key: str) -> bool:
         """Whether the register shows this delivery was ignored (no job wanted it)."""
-        return (route, key) in self._ignored
+        return self.ignored_deliveries.holds(route, key)
 
 
-def _readable(audit: AuditLog) -> Iterator[AuditRecord]:
+def history_since(now: datetime, keep_days: int, received: Iterable[datetime]) -> datetime:
+    """Where recovery's read of the register starts: ``keep_days`` (the inbox's own memory
+    of what it finished, ``wakes.keep_deliveries_days``) before ``now``, or before the
+    earliest arrival among ``received`` (the wakes recovery has to decide: payloads without
+    a row, wakes a dead daemon left running) if that is earlier. A day more on either,
+    for a clock set back in between.
+
+    Nothing recovery asks of the register is older: a delivery's records all come after its
+    arrival. Intake's guard against a second ``wake ignored`` reaches as far back as the
+    inbox's own rows do (a delivery older than that is new to the inbox either way)."""
+    earliest = min([now - timedelta(days=keep_days), *received])
+    return earliest - _CLOCK_SLACK
+
+
+_CLOCK_SLACK = timedelta(days=1)
+
+
+# What RunHistory reads; the rest is passed over undecoded.
+_WAKES, _WAKES_AND_RUNS = ("wake",), ("wake", "run")
+
+
+def _readable(
+    audit: AuditLog, since: datetime | None, kinds: tuple[str, ...]
+) -> Iterator[AuditRecord]:
     try:
-        yield from audit.records()
+        yield from audit.records(since=since, kinds=kinds)
     except AuditIntegrityError:
         return  # the chain is checked elsewhere; what was read up to the break still counts

@@ -77,7 +77,7 @@ from bothy.wakes.delivery import (
 )
 from bothy.wakes.retention import FINISHED, NO_PAYLOAD, Retention
 from bothy.wakes.segments import Segments, Span
-from bothy.wakes.unindexed import read_payload_file, unindexed
+from bothy.wakes.unindexed import Unindexed, read_payload_file, unindexed
 
 _ROWS_PER_COMMIT = 500  # a group commit's rows; 13 variables each: 6,500 per statement
 _LINGER_S = 0.001  # senders answered by one commit come back within it (see groupcommit)
@@ -383,6 +383,8 @@ class Inbox:
         self,
         ran_as: Callable[[str, str], str | None] | None = None,
         ignored_as: Callable[[str, str], bool] | None = None,
+        *,
+        found: list[Unindexed] | None = None,
     ) -> list[Reinserted]:
         """Give a row to every payload that has none, and say what each became.
 
@@ -394,10 +396,12 @@ class Inbox:
         start-up, before the listeners. A payload that cannot be read back is left where it
         is, and logged. Intake keeps ``ignored_as`` too: a delivery the register shows ignored
         (its batch failed after the record, before a crash) is not recorded a second time.
+        ``found``: what :meth:`unindexed` returned, if the caller looked first.
         """
         if ignored_as is not None:
             self._ignored_before = ignored_as
-        found = await unindexed(self.root, self._db, self._segments)
+        if found is None:
+            found = await self.unindexed()
         reinserted = []
         for delivery, span, file in found:
             try:
@@ -421,6 +425,11 @@ class Inbox:
             reinserted.append(Reinserted(wake_id, delivery.source, delivery.route,
                                          delivery.key, file, run_id, ignored))
         return reinserted
+
+    async def unindexed(self) -> list[Unindexed]:
+        """The payloads without a row (:mod:`bothy.wakes.unindexed`), each with its line (None
+        for a file of an older Bothy) and file: what :meth:`recover` gives rows."""
+        return await unindexed(self.root, self._db, self._segments)
 
     # -- the dispatcher's side -------------------------------------------------------------
 

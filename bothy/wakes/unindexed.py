@@ -18,17 +18,17 @@ from bothy.errors import InboxError
 from bothy.wakes.delivery import Delivery, decode_payload_file, payload_file_names
 from bothy.wakes.segments import Segments, Span
 
-_Found = tuple[Delivery, Span | None, str]  # the delivery, its line (None: a file), the file
+Unindexed = tuple[Delivery, Span | None, str]  # the delivery, its line (None: a file), the file
 
 _log = logging.getLogger(__name__)
 
 
-async def unindexed(root: Path, db: StateDB, segments: Segments) -> list[_Found]:
+async def unindexed(root: Path, db: StateDB, segments: Segments) -> list[Unindexed]:
     """Every payload under ``root`` without a row: segment lines, then older files."""
     return await _lines(root, db, segments) + await _files(root, db)
 
 
-async def _lines(root: Path, db: StateDB, segments: Segments) -> list[_Found]:
+async def _lines(root: Path, db: StateDB, segments: Segments) -> list[Unindexed]:
     """Lines of each segment past the last one a row names (the rows cover a prefix)."""
     rows = await db.fetch_all(
         "SELECT file, MAX(payload_at + payload_bytes) AS covered FROM wakes"
@@ -40,8 +40,8 @@ async def _lines(root: Path, db: StateDB, segments: Segments) -> list[_Found]:
         raise InboxError(f"Cannot read the inbox's segments in {root}: {exc}") from exc
 
 
-def _lines_past(segments: Segments, covered: dict[str, int]) -> list[_Found]:
-    found: list[_Found] = []
+def _lines_past(segments: Segments, covered: dict[str, int]) -> list[Unindexed]:
+    found: list[Unindexed] = []
     for segment in segments.names():
         for span, line in segments.lines_after(segment, covered.get(segment, 0)):
             try:
@@ -52,7 +52,7 @@ def _lines_past(segments: Segments, covered: dict[str, int]) -> list[_Found]:
     return found
 
 
-async def _files(root: Path, db: StateDB) -> list[_Found]:
+async def _files(root: Path, db: StateDB) -> list[Unindexed]:
     """Payload files of an older Bothy (one per delivery) that have no row."""
     known = {row["file"] for row in await db.fetch_all(
         "SELECT file FROM wakes WHERE payload_at IS NULL")}
@@ -60,7 +60,7 @@ async def _files(root: Path, db: StateDB) -> list[_Found]:
         names = await asyncio.to_thread(payload_file_names, root)
     except OSError as exc:
         raise InboxError(f"Cannot list the inbox {root}: {exc}") from exc
-    found: list[_Found] = []
+    found: list[Unindexed] = []
     for name in names:
         if name in known:
             continue
