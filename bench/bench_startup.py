@@ -13,8 +13,10 @@ through the config's ``api_url``. (b) Slack and Discord: discord.py has no base 
 Discord in this process (tests/fakes/netns.py; needs root — skipped, saying why, without).
 Both starts go through ``nsenter`` there, the bare interpreter's too.
 
-(a') As (a), with a register of ``AGED_RECORDS`` records written beforehand: what an aged
-site's start costs (the chain is verified before serve appends to it).
+(a') As (a), with half a year's register written beforehand (``AGED_WAKES`` runs and
+``AGED_IGNORED`` deliveries no job wanted, over ``AGED_SPAN``): what an aged site's start
+and idle memory cost (the chain is verified before serve appends to it; the rest of what
+serve reads of it at start is a recent stretch).
 
 Then the serve process's resident set (psutil's RSS) after ``IDLE_S`` idle: Slack alone
 (a), and both connected (b), with the spare app-server's beside it, and where (b)'s lies
@@ -34,14 +36,19 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from bench._util import REPO, figure, free_port, made, median, run_against_fakes
 
 STARTS = 5
-AGED_RECORDS = 10_000  # the register of a site that has run for a while
+# The register of a busy site after half a year (~33 MB): its wakes' runs, and the deliveries
+# no job wanted (GitHub sends a site many), spread over the months.
+AGED_SPAN = timedelta(days=182)
+AGED_WAKES = 6_000
+AGED_IGNORED = 60_000
+_AGING_LANES = 32
 IDLE_S = 2.0
 BOTH_READY_TARGET_MS = 400
 SLACK_READY_TARGET_MS = 350
@@ -72,12 +79,16 @@ async def _bench(root: Path) -> None:
         _note(f"idle RSS of serve with Slack alone, after {IDLE_S:g} s: {slack_only.idle_mb:.2f}"
               " MB")
         aged = _site(root / "aged", model, slack)
-        await _age_register(aged, AGED_RECORDS)
-        aged_starts = await _starts(aged)
-        _note(f"(a') the same site with a register of {AGED_RECORDS:,} records (an aged site):"
-              f" ready median {median(aged_starts.ready_ms):.0f} ms, serve's CPU by ready"
-              f" {median(aged_starts.cpu_ms):.0f} ms: serve verifies the whole chain before its"
-              " first record (docs/AUDIT.md), so this grows with the register")
+        held = await _age_register(aged)
+        aged_starts = await _starts(aged, idle=True)
+        _note(f"(a') the same site with half a year's register ({held:,} records,"
+              f" {aged.audit_path.stat().st_size / 1e6:.0f} MB: {AGED_WAKES:,} runs,"
+              f" {AGED_IGNORED:,} deliveries ignored): ready median"
+              f" {median(aged_starts.ready_ms):.0f} ms, serve's CPU by ready"
+              f" {median(aged_starts.cpu_ms):.0f} ms, idle RSS {aged_starts.idle_mb:.2f} MB."
+              " serve verifies the whole chain before its first record (docs/AUDIT.md), so"
+              " its start grows with the register; what else it reads of it at start is the"
+              " last week or so (wakes/history.py)")
         certificates = Certificates.create(made(root / "tls"))
         try:
             opened = open_discord_network(made(root / "netns"), certificates)
@@ -190,20 +201,59 @@ def _spare_mb(site: Any) -> float:
     return total
 
 
-async def _age_register(site: Any, records: int) -> None:
-    """``records`` records written into ``site``'s register through the real writer (group
-    commit, 64 writers at once), as months of runs would leave it."""
+async def _age_register(site: Any) -> int:
+    """Half a year of a busy site's register, written through the real writer (group commit,
+    many writers at once) on a clock that walks through those months: ``AGED_WAKES`` wakes,
+    each with the records of its run, and ``AGED_IGNORED`` deliveries no job wanted, closed in
+    intake's batches of 100. Returns how many records it holds."""
     from bothy.engine.audit import AuditLog
+    from bothy.engine.auditindex import wake_id_for
+    from bothy.wakes.delivery import IGNORED_PER_RECORD, ignored_batch_details, wake_details
 
     site.home.joinpath("state").mkdir(parents=True, exist_ok=True)
-    log = AuditLog(site.audit_path)
+    batches = AGED_IGNORED // IGNORED_PER_RECORD
+    records = AGED_WAKES * 6 + batches
+    start = datetime.now(UTC) - AGED_SPAN
+    step = AGED_SPAN / records
+    ticks = iter(range(records * 2))
+    log = AuditLog(site.audit_path, clock=lambda: start + step * next(ticks))
 
-    async def writer(lane: int) -> None:
-        for n in range(records // 64):
-            await log.record("run", "finished", "ok", subject=f"lane-{lane}",
-                             details={"n": n, "usd": "0.0123", "answer": "done " * 16})
+    async def wakes(lane: int) -> None:
+        for n in range(lane, AGED_WAKES, _AGING_LANES):
+            run_id = f"run_20260601T000000Z_{n:08x}"
+            wake = {"wake_id": wake_id_for(run_id)}
+            subject = f"pr:{n % 500}"
+            await log.record("wake", "received", "ok", subject=subject, details={
+                **wake, **wake_details("github", "pull_request", "opened", f"{n}:hook", 0, 1)})
+            await log.record("run", "admitted", "ok", subject=subject, run_id=run_id,
+                             details={**wake, "reserved_usd": "0.50"})
+            await log.record("run", "started", "ok", subject=subject, run_id=run_id,
+                             details={"pgid": 4242, "head_start": "taken"})
+            await log.record("turn", "started", "ok", subject=subject, run_id=run_id,
+                             details={"model": "gpt-5-codex", "thread": "ahead"})
+            await log.record("run", "finished", "ok", subject=subject, run_id=run_id,
+                             details={"outcome": "completed", "cost_usd": "0.0123",
+                                      "answer": "Reviewed: two nits, no blocker. " * 4})
+            await log.record("budget", "settled", "ok", subject=subject, run_id=run_id,
+                             details={"usd": "0.0123", "released_usd": "0.4877"})
 
-    await asyncio.gather(*(writer(lane) for lane in range(64)))
+    async def ignored(lane: int) -> None:
+        for n in range(lane, batches, _AGING_LANES):
+            await log.record("wake", "ignored", "refused", subject="github",
+                             details=ignored_batch_details("github", [
+                                 (_unwanted(n * IGNORED_PER_RECORD + k), "no job wants it")
+                                 for k in range(IGNORED_PER_RECORD)]))
+
+    await asyncio.gather(*(wakes(lane) for lane in range(_AGING_LANES)),
+                         *(ignored(lane) for lane in range(_AGING_LANES)))
+    return records
+
+
+def _unwanted(n: int) -> Any:
+    from bothy.wakes.delivery import Delivery
+
+    return Delivery(route="github", key=f"unwanted-{n}:hook", event="check_run",
+                    action="completed", headers={}, body=b"", received_at=datetime.now(UTC))
 
 
 async def _bare_ms(site: Any) -> list[float]:
