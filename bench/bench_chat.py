@@ -10,12 +10,12 @@ record (its own timestamp, not when this process noticed it); the serve process'
 the answer's ``chat.postMessage`` less the model request's own time (request received → reply
 written, as the model server saw it; it answers at once).
 
-(b) Discord cannot be pointed at a fake by configuration (discord.py has no base URL;
-chat-testing.md), so ``bothy serve`` as shipped cannot take part. A wrapper runs the same
-:class:`~bothy.daemon.Daemon` in a subprocess with Slack *and* Discord configured, giving the
-Discord adapter a connector that resolves Discord's hosts to the fake Discord in this process
-(TLS verified against a throwaway CA) — its only difference from ``bothy serve``. Measured: the
-same figures, with both connections open; Discord's mention latencies.
+(b) ``python -m bothy serve`` again, with Slack *and* Discord configured, inside a network
+namespace where Discord's real host names lead to the fake Discord in this process (TLS
+verified against a throwaway CA named by ``SSL_CERT_FILE``; tests/fakes/netns.py, needs
+root: skipped, saying why, without). discord.py runs exactly as in production. Measured: the
+same figures, with both connections open; Discord's mention latencies, its mentions paced as
+(a)'s are.
 
 In (a) a second `python -m bothy serve` runs beside the first with `codex.spare: false`, on a
 fake Slack of its own, and a third with a spare whose thread made ahead never fits (its chat
@@ -60,39 +60,6 @@ SLACK_OPERATOR = "UOPERATOR"
 SLACK_CHANNEL = "CWORK"
 DISCORD_OPERATOR = "1100000000000000002"  # tests/fakes/discord.py ALICE_ID
 
-# What (b) runs instead of `python -m bothy serve`: the same daemon, with the Discord adapter's
-# aiohttp connector sending discord.com and the gateway hosts to the fake. Kept free of the
-# fakes' imports (aiohttp.web, the openssl helpers) so that they do not count in its memory.
-_SERVE_WITH_DISCORD = r"""
-import asyncio, socket, ssl, sys
-import aiohttp
-from aiohttp.abc import AbstractResolver, ResolveResult
-from bothy.config import load_config
-from bothy.daemon import Daemon
-from bothy.home import BothyHome
-
-PORT, CA, HOSTS = int(sys.argv[1]), sys.argv[2], set(sys.argv[3].split(","))
-
-class Resolver(AbstractResolver):
-    async def resolve(self, host, port=0, family=socket.AF_INET):
-        if host not in HOSTS:
-            raise OSError(f"bench DNS: {host} is not a Discord host")
-        return [ResolveResult(hostname=host, host="127.0.0.1", port=PORT, family=socket.AF_INET,
-                              proto=0, flags=socket.AI_NUMERICHOST)]
-    async def close(self):
-        return None
-
-def connector():
-    return aiohttp.TCPConnector(resolver=Resolver(), limit=0,
-                                ssl=ssl.create_default_context(cafile=CA))
-
-home = BothyHome.from_env()
-daemon = Daemon(home, load_config(home.config_path),
-                adapter_options={"discord": {"connector": connector}})
-raise SystemExit(asyncio.run(daemon.serve()))
-"""
-
-
 @dataclass
 class _Mention:
     """One mention's moments, on this process's monotonic clock (seconds)."""
@@ -131,13 +98,14 @@ class _Started:
 
 
 def main() -> None:
-    """Measure (a) `bothy serve` with Slack and (b) the daemon with Slack and Discord."""
+    """Measure (a) `bothy serve` with Slack and (b) with Slack and Discord."""
     run_against_fakes("chat-", _bench)
 
 
 async def _bench(root: Path) -> None:
-    from tests.fakes.discord import Certificates, FakeDiscord
+    from tests.fakes.discord import Certificates
     from tests.fakes.model_server import ModelServer
+    from tests.fakes.netns import NamespaceUnavailable, open_discord_network
     from tests.fakes.slack import FakeSlack
 
     async with (ModelServer() as model, FakeSlack(ack_timeout_s=5.0) as slack,
@@ -146,9 +114,16 @@ async def _bench(root: Path) -> None:
         slack_connect_s = await _slack_serve(root / "slack", model, slack, slack_cold,
                                              slack_unfit)
         certificates = Certificates.create(made(root / "tls"))
-        async with FakeDiscord(certificates) as discord:
-            await _both_serve(root / "both", model, slack, discord, certificates,
-                              slack_connect_s)
+        try:
+            opened = open_discord_network(made(root / "netns"), certificates)
+            network = await opened.__aenter__()
+        except NamespaceUnavailable as exc:
+            print(f"   (b) Slack + Discord skipped: {exc}", flush=True)
+            return
+        try:
+            await _both_serve(root / "both", model, slack, network, slack_connect_s)
+        finally:
+            await opened.__aexit__(None, None, None)
 
 
 # ---------------------------------------------------------------- (a) bothy serve with Slack
@@ -265,20 +240,18 @@ async def _slack_mention(slack: Any, model: Any, n: int) -> _Mention:
 # ---------------------------------------------------------------- (b) Slack and Discord
 
 
-async def _both_serve(root: Path, model: Any, slack: Any, discord: Any, certificates: Any,
+async def _both_serve(root: Path, model: Any, slack: Any, network: Any,
                       slack_connect_s: float) -> None:
-    from tests.fakes.discord import BOT_TOKEN, HOSTS
-
-    site = _site(root, model, slack=slack, discord=True)
-    argv = ["-c", _SERVE_WITH_DISCORD, str(discord.port), str(certificates.ca_pem),
-            ",".join(HOSTS)]
-    print("   (b) the same daemon with Slack and Discord — not `bothy serve` itself: a wrapper"
-          " gives the Discord adapter a connector to the fake Discord, which `bothy serve`"
-          " cannot be given:", flush=True)
-    async with _serving(site, argv, env={"DISCORD_BOT_TOKEN": BOT_TOKEN}) as serve:
+    site = await network.attach(_site(root, model, slack=slack, discord=True),
+                                ports=[model.port, slack.port])
+    discord = network.fake
+    print("   (b) `bothy serve` with Slack and Discord, in a network namespace where Discord's"
+          " host names lead to the fake Discord:", flush=True)
+    async with _serving(site, ["-m", "bothy", "serve"]) as serve:
         await asyncio.sleep(IDLE_S)
         idle_mb = _rss_mb(serve.process.pid)
-        mentions = await _mentions(model, lambda n: _discord_mention(discord, model, n))
+        [mentions] = await _side_by_side(
+            model, [(site, lambda n: _discord_mention(discord, model, n))])
         code = await serve.stop()
     connect_s = serve.ready_s - serve.starting_s
     figure("start → serve ready, Slack + Discord (ms)", serve.ready_s * 1000, "ms",
@@ -318,14 +291,6 @@ async def _discord_mention(discord: Any, model: Any, n: int) -> _Mention:
 
 
 # ---------------------------------------------------------------- mentions and their parts
-
-
-async def _mentions(model: Any, one: Callable[[int], Any]) -> list[_Mention]:
-    """A cold mention, then ``MENTIONS`` more, one at a time, each answered at once."""
-    from tests.fakes.model_server import text
-
-    model.script(*(text(f"Answer {n}.") for n in range(MENTIONS + 1)))
-    return [await one(n) for n in range(MENTIONS + 1)]
 
 
 def _mention(n: int, subject: str, timings: list[tuple[float, float]], sent: float,
@@ -477,7 +442,7 @@ async def _serving(site: Any, argv: list[str], *,
     with log_path.open("wb") as log:
         spawned = time.time()
         process = await asyncio.create_subprocess_exec(
-            sys.executable, *argv, env=site.env(**tokens), cwd=REPO,
+            *site.launch_prefix, sys.executable, *argv, env=site.env(**tokens), cwd=REPO,
             stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log)
         try:
             ready = await _serve_record(site, "ready", lambda: process.returncode is not None)

@@ -125,8 +125,14 @@ class Namespace:
         return ["nsenter", f"--target={self.pid}", "--net", "--mount", "--", *argv]
 
     async def _socket_inside(self) -> socket.socket:
+        """A TCP socket in the namespace. Its protocol is named: asyncio sets TCP_NODELAY only
+        on a socket whose ``proto`` says TCP, and one made with ``socket.socket()`` (proto 0)
+        passed on Nagle's algorithm to every connection it accepted: ~40 ms of delayed ACK
+        on the first request of each TLS connection through it, Discord's login and gateway
+        included, that no real network path adds (bench_startup)."""
         loop = asyncio.get_running_loop()
-        made = await loop.run_in_executor(self._inside, socket.socket)
+        made = await loop.run_in_executor(
+            self._inside, socket.socket, socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         made.setblocking(False)
         return made
 
