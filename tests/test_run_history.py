@@ -75,3 +75,21 @@ def test_the_read_starts_a_day_before_the_kept_week_or_the_oldest_arrival_asked_
     assert history_since(now, 7, [now - timedelta(days=2)]) == now - timedelta(days=8)
     assert history_since(now, 7, [now - timedelta(days=20), now - timedelta(days=3)]) \
         == now - timedelta(days=21)
+
+
+def test_a_read_further_back_for_a_few_deliveries_keeps_only_theirs_and_is_learnt(
+    tmp_path: Path,
+) -> None:
+    """What a read of the whole register, asked about a few deliveries a recent stretch knew
+    nothing of, found of them is taken in; of the ignored ones it keeps only theirs."""
+    log = _register(tmp_path)
+    recent = RunHistory.from_register(log, since=T0 + timedelta(seconds=1), deliveries=set())
+    earlier = RunHistory.from_register(
+        log, deliveries={("github", "ran-b:h"), ("github", "unwanted-1:h")}, every_ignored=False)
+
+    assert not recent.knows("github", "ran-b:h") and not recent.knows("github", "unwanted-1:h")
+    assert not earlier.ignored("github", "unwanted-2:h")
+    recent.learn(earlier)
+    assert recent.ran_as("github", "ran-b:h") == "run_20261102T090000Z_0000000b"
+    assert recent.ignored("github", "unwanted-1:h") and recent.knows("github", "unwanted-1:h")
+    assert not recent.ignored_deliveries.holds("github", "unwanted-1:h")  # intake's: its own

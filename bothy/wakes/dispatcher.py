@@ -124,6 +124,14 @@ class Dispatcher:
                  | {(wake.route, wake.key) for wake in in_flight})
         history = await asyncio.to_thread(RunHistory.from_register, self._audit, since=since,
                                           deliveries=asked)
+        # A line left by a redelivery is stamped at its own arrival, later than the first
+        # delivery's records: what the recent stretch says nothing of is looked for in all.
+        undecided = {(delivery.route, delivery.key) for delivery, _, _ in payloads
+                     if not history.knows(delivery.route, delivery.key)}
+        if undecided:
+            history.learn(await asyncio.to_thread(
+                RunHistory.from_register, self._audit, deliveries=undecided,
+                every_ignored=False))
         found = Recovered()
         # Intake keeps the ignored deliveries alone: the rest of the history goes with this call.
         for restored in await self._inbox.recover(history.ran_as,

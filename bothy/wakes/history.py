@@ -18,10 +18,10 @@ the two leaves the row ``running``, naming a run the register shows refused. Rec
 carries out what the register says (:meth:`RunHistory.refused_step`) rather than run it again.
 
 It reads a recent stretch of the register, not all of it (:func:`history_since`): what it
-answers concerns deliveries received since then, and their records are never older than
-their arrival. Start-up and memory then stay the same on a site whose register has grown for
-years. Of what it read, intake keeps only the ignored deliveries, 16 bytes each
-(:mod:`bothy.wakes.digestset`).
+answers concerns deliveries received since then, and their records are not older than their
+arrival (a redelivery's leftover line aside: :meth:`RunHistory.learn`). Start-up and memory
+then stay the same on a site whose register has grown for years. Of what it read, intake
+keeps only the ignored deliveries, 16 bytes each (:mod:`bothy.wakes.digestset`).
 """
 
 from __future__ import annotations
@@ -60,14 +60,17 @@ class RunHistory:
     ``deliveries``: the (route, key) pairs whose runs and refusals recovery asks about (None:
     every one). The others' records are passed over, not kept: on a busy site they are tens
     of thousands a week, and recovery has a handful to decide. Every ignored delivery is
-    kept, for intake (:attr:`ignored_deliveries`)."""
+    kept, for intake (:attr:`ignored_deliveries`), unless ``every_ignored`` is False: then
+    only those asked about."""
 
     def __init__(
         self, records: Iterable[AuditRecord], *,
-        deliveries: Collection[tuple[str, str]] | None = None,
+        deliveries: Collection[tuple[str, str]] | None = None, every_ignored: bool = True,
     ) -> None:
         def asked(route: str, key: str) -> bool:
             return deliveries is None or (route, key) in deliveries
+
+        self._learnt_ignored: list[DigestSet] = []  # from reads further back (learn)
 
         woken: dict[str, tuple[str, str]] = {}  # wake id (or, in older records, run id)
         ignored = DigestSetBuilder()
@@ -87,7 +90,8 @@ class RunHistory:
                     woken[ident] = (route, key)
             elif (record.kind, record.event) == ("wake", "ignored"):  # one, or intake's batch
                 for closed in ignored_in(record.details):
-                    ignored.add(closed.route, closed.key)
+                    if every_ignored or asked(closed.route, closed.key):
+                        ignored.add(closed.route, closed.key)
             # A run's records follow its wake's `wake received` (one commit holds both). Not
             # every one names the wake, whose id is the run's own stamp (wake_id_for).
             elif (record.kind == "run" and record.run_id
@@ -124,14 +128,26 @@ class RunHistory:
     @classmethod
     def from_register(
         cls, audit: AuditLog, *, since: datetime | None = None,
-        deliveries: Collection[tuple[str, str]] | None = None,
+        deliveries: Collection[tuple[str, str]] | None = None, every_ignored: bool = True,
     ) -> RunHistory:
         """Read the register's records stamped at or after ``since`` (all of them if None;
         blocking: call it from a thread). A register that cannot be read to its end counts
         what it holds up to the break."""
         # With no delivery asked about, no run's records can matter: only `wake` lines are read.
         kinds = _WAKES if deliveries is not None and not deliveries else _WAKES_AND_RUNS
-        return cls(_readable(audit, since, kinds), deliveries=deliveries)
+        return cls(_readable(audit, since, kinds), deliveries=deliveries,
+                   every_ignored=every_ignored)
+
+    def knows(self, route: str, key: str) -> bool:
+        """Whether the register shows this delivery ran or was ignored."""
+        return self.ran_as(route, key) is not None or self.ignored(route, key)
+
+    def learn(self, earlier: RunHistory) -> None:
+        """Take in what a read further back found (of the deliveries it was asked about):
+        its runs, and its ignored deliveries (not intake's: those stay this read's)."""
+        for delivery, run_id in earlier._ran.items():
+            self._ran.setdefault(delivery, run_id)
+        self._learnt_ignored.append(earlier.ignored_deliveries)
 
     def ran_as(self, route: str, key: str) -> str | None:
         """The run that already ran this delivery, or None."""
@@ -151,7 +167,8 @@ class RunHistory:
 
     def ignored(self, route: str, key: str) -> bool:
         """Whether the register shows this delivery was ignored (no job wanted it)."""
-        return self.ignored_deliveries.holds(route, key)
+        return self.ignored_deliveries.holds(route, key) or any(
+            learnt.holds(route, key) for learnt in self._learnt_ignored)
 
 
 def history_since(now: datetime, keep_days: int, received: Iterable[datetime]) -> datetime:
@@ -161,9 +178,13 @@ def history_since(now: datetime, keep_days: int, received: Iterable[datetime]) -
     a row, wakes a dead daemon left running) if that is earlier. A day more on either,
     for a clock set back in between.
 
-    Nothing recovery asks of the register is older: a delivery's records all come after its
-    arrival. Intake's guard against a second ``wake ignored`` reaches as far back as the
-    inbox's own rows do (a delivery older than that is new to the inbox either way)."""
+    A delivery's records all come after its arrival, with one exception: a payload line can
+    be a redelivery's, stamped at its own arrival, after the first delivery's records (it got
+    no row: the first one had its own, since gone with its segment or an older copy of the
+    state database). What this stretch says nothing of about a payload is looked for in the
+    whole register (:meth:`learn`; bothy/wakes/dispatcher.py). Intake's guard against a
+    second ``wake ignored`` reaches as far back as the inbox's own rows do (a delivery older
+    than that is new to the inbox either way)."""
     earliest = min([now - timedelta(days=keep_days), *received])
     return earliest - _CLOCK_SLACK
 
