@@ -36,6 +36,7 @@ from bothy.wakes.handlers import Quiet, WakeHandler, WakeStart
 from bothy.wakes.history import Abandoned, Deferred, RunHistory, history_since
 from bothy.wakes.inbox import Inbox, Reinserted, WakeRow
 from bothy.wakes.jobs import Ignored
+from bothy.wakes.unindexed import Unindexed
 
 _IDLE_POLL_S = 1.0  # retries fall due without anyone poking the dispatcher
 _DUE_PER_LOOK = 50  # wakes taken from one look at the queue
@@ -117,21 +118,7 @@ class Dispatcher:
         told). All of it audited."""
         payloads = await self._inbox.unindexed()
         in_flight = await self._inbox.in_flight()
-        since = history_since(self._clock(), self._cfg.keep_deliveries_days,
-                              [delivery.received_at for delivery, _, _ in payloads]
-                              + [from_us(w.received_us) for w in in_flight])
-        asked = ({(delivery.route, delivery.key) for delivery, _, _ in payloads}
-                 | {(wake.route, wake.key) for wake in in_flight})
-        history = await asyncio.to_thread(RunHistory.from_register, self._audit, since=since,
-                                          deliveries=asked)
-        # A line left by a redelivery is stamped at its own arrival, later than the first
-        # delivery's records: what the recent stretch says nothing of is looked for in all.
-        undecided = {(delivery.route, delivery.key) for delivery, _, _ in payloads
-                     if not history.knows(delivery.route, delivery.key)}
-        if undecided:
-            history.learn(await asyncio.to_thread(
-                RunHistory.from_register, self._audit, deliveries=undecided,
-                every_ignored=False))
+        history = await self._history(payloads, in_flight)
         found = Recovered()
         # Intake keeps the ignored deliveries alone: the rest of the history goes with this call.
         for restored in await self._inbox.recover(history.ran_as,
@@ -164,6 +151,26 @@ class Dispatcher:
                                                                  "note": note})
             found.interrupted.append(Interrupted(wake, row))
         return found
+
+    async def _history(self, payloads: list[Unindexed], in_flight: list[WakeRow]) -> RunHistory:
+        """What the register says of the payloads without a row and the wakes left running:
+        read from a recent stretch (bothy/wakes/history.py), and, for a payload that stretch
+        cannot decide, from the whole register (a line a redelivery left is stamped at its
+        own arrival, later than the first delivery's records)."""
+        since = history_since(self._clock(), self._cfg.keep_deliveries_days,
+                              [delivery.received_at for delivery, _, _ in payloads]
+                              + [from_us(wake.received_us) for wake in in_flight])
+        asked = ({(delivery.route, delivery.key) for delivery, _, _ in payloads}
+                 | {(wake.route, wake.key) for wake in in_flight})
+        history = await asyncio.to_thread(RunHistory.from_register, self._audit, since=since,
+                                          deliveries=asked)
+        undecided = {(delivery.route, delivery.key) for delivery, _, _ in payloads
+                     if not history.knows(delivery.route, delivery.key)}
+        if undecided:
+            history.learn(await asyncio.to_thread(
+                RunHistory.from_register, self._audit, deliveries=undecided,
+                every_ignored=False))
+        return history
 
     async def _carry_out(self, wake: WakeRow, step: Deferred | Abandoned) -> None:
         """Do to a wake's row what the register already decided of its refused attempt:
