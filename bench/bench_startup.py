@@ -207,8 +207,7 @@ async def _age_register(site: Any) -> int:
     each with the records of its run, and ``AGED_IGNORED`` deliveries no job wanted, closed in
     intake's batches of 100. Returns how many records it holds."""
     from bothy.engine.audit import AuditLog
-    from bothy.engine.auditindex import wake_id_for
-    from bothy.wakes.delivery import IGNORED_PER_RECORD, ignored_batch_details, wake_details
+    from bothy.wakes.delivery import IGNORED_PER_RECORD, ignored_batch_details
 
     site.home.joinpath("state").mkdir(parents=True, exist_ok=True)
     batches = AGED_IGNORED // IGNORED_PER_RECORD
@@ -218,35 +217,42 @@ async def _age_register(site: Any) -> int:
     ticks = iter(range(records * 2))
     log = AuditLog(site.audit_path, clock=lambda: start + step * next(ticks))
 
-    async def wakes(lane: int) -> None:
+    async def lane_of(lane: int) -> None:
+        """Its share of the wakes, and after every tenth, a batch of ignored deliveries: the
+        months' records interleave as a site's do."""
         for n in range(lane, AGED_WAKES, _AGING_LANES):
-            run_id = f"run_20260601T000000Z_{n:08x}"
-            wake = {"wake_id": wake_id_for(run_id)}
-            subject = f"pr:{n % 500}"
-            await log.record("wake", "received", "ok", subject=subject, details={
-                **wake, **wake_details("github", "pull_request", "opened", f"{n}:hook", 0, 1)})
-            await log.record("run", "admitted", "ok", subject=subject, run_id=run_id,
-                             details={**wake, "reserved_usd": "0.50"})
-            await log.record("run", "started", "ok", subject=subject, run_id=run_id,
-                             details={"pgid": 4242, "head_start": "taken"})
-            await log.record("turn", "started", "ok", subject=subject, run_id=run_id,
-                             details={"model": "gpt-5-codex", "thread": "ahead"})
-            await log.record("run", "finished", "ok", subject=subject, run_id=run_id,
-                             details={"outcome": "completed", "cost_usd": "0.0123",
-                                      "answer": "Reviewed: two nits, no blocker. " * 4})
-            await log.record("budget", "settled", "ok", subject=subject, run_id=run_id,
-                             details={"usd": "0.0123", "released_usd": "0.4877"})
+            await _aged_wake(log, n)
+            if n % (AGED_WAKES // batches) == 0:
+                await log.record("wake", "ignored", "refused", subject="github",
+                                 details=ignored_batch_details("github", [
+                                     (_unwanted(n * IGNORED_PER_RECORD + k), "no job wants it")
+                                     for k in range(IGNORED_PER_RECORD)]))
 
-    async def ignored(lane: int) -> None:
-        for n in range(lane, batches, _AGING_LANES):
-            await log.record("wake", "ignored", "refused", subject="github",
-                             details=ignored_batch_details("github", [
-                                 (_unwanted(n * IGNORED_PER_RECORD + k), "no job wants it")
-                                 for k in range(IGNORED_PER_RECORD)]))
-
-    await asyncio.gather(*(wakes(lane) for lane in range(_AGING_LANES)),
-                         *(ignored(lane) for lane in range(_AGING_LANES)))
+    await asyncio.gather(*(lane_of(lane) for lane in range(_AGING_LANES)))
     return records
+
+
+async def _aged_wake(log: Any, n: int) -> None:
+    """The records of one wake and its run, as a site's register holds them."""
+    from bothy.engine.auditindex import wake_id_for
+    from bothy.wakes.delivery import wake_details
+
+    run_id = f"run_20260601T000000Z_{n:08x}"
+    wake = {"wake_id": wake_id_for(run_id)}
+    subject = f"pr:{n % 500}"
+    await log.record("wake", "received", "ok", subject=subject, details={
+        **wake, **wake_details("github", "pull_request", "opened", f"{n}:hook", 0, 1)})
+    await log.record("run", "admitted", "ok", subject=subject, run_id=run_id,
+                     details={**wake, "reserved_usd": "0.50"})
+    await log.record("run", "started", "ok", subject=subject, run_id=run_id,
+                     details={"pgid": 4242, "head_start": "taken"})
+    await log.record("turn", "started", "ok", subject=subject, run_id=run_id,
+                     details={"model": "gpt-5-codex", "thread": "ahead"})
+    await log.record("run", "finished", "ok", subject=subject, run_id=run_id,
+                     details={"outcome": "completed", "cost_usd": "0.0123",
+                              "answer": "Reviewed: two nits, no blocker. " * 4})
+    await log.record("budget", "settled", "ok", subject=subject, run_id=run_id,
+                     details={"usd": "0.0123", "released_usd": "0.4877"})
 
 
 def _unwanted(n: int) -> Any:
