@@ -43,7 +43,7 @@ from typing import Any
 from bench._util import REPO, figure, free_port, made, median, run_against_fakes
 
 STARTS = 5
-# The register of a busy site after half a year (~33 MB): its wakes' runs, and the deliveries
+# The register of a busy site after half a year (~25 MB): its wakes' runs, and the deliveries
 # no job wanted (GitHub sends a site many), spread over the months.
 AGED_SPAN = timedelta(days=182)
 AGED_WAKES = 6_000
