@@ -164,16 +164,21 @@ def _unmade(db: sqlite3.Connection) -> bool:
     return int(db.execute("PRAGMA user_version").fetchone()[0]) == 0
 
 
+# The runs that hold a reservation (queued, running, or cut short by a crash, until they
+# expire), and what open plan-mode runs hold of the windows.
+_LIVE_RUNS = ("SELECT * FROM runs WHERE (status IN ('queued', 'running') OR crashed = 1)"
+              " AND expires_us > ? ORDER BY seq")
+_PLAN_RESERVED = ("SELECT COALESCE(SUM(p.percent), 0) FROM plan_reservations p JOIN runs r"
+                  " USING (run_id) WHERE (r.status IN ('queued', 'running') OR r.crashed = 1)"
+                  " AND r.expires_us > ?")
+
+
 def _fill(
     db: sqlite3.Connection, report: dict[str, Any], day: str, now_us: int, zone: tzinfo
 ) -> None:
     used = db.execute("SELECT COALESCE(SUM(micros), 0) FROM spend WHERE day = ?", (day,))
     report["used_usd"] = format_usd(int(used.fetchone()[0]), 4)
-    live = db.execute(
-        "SELECT * FROM runs WHERE (status IN ('queued', 'running') OR crashed = 1)"
-        " AND expires_us > ? ORDER BY seq",
-        (now_us,),
-    ).fetchall()
+    live = db.execute(_LIVE_RUNS, (now_us,)).fetchall()
     reserved = 0
     for row in live:
         reserved += max(row["reserved_micros"] - row["spent_micros"], 0)
@@ -195,10 +200,7 @@ def _plan(db: sqlite3.Connection, report: dict[str, Any], now: datetime, zone: t
     a window past its reset counts as reset), and the open plan reservations."""
     try:
         rows = db.execute("SELECT * FROM plan_windows ORDER BY name").fetchall()
-        reserved = db.execute(
-            "SELECT COALESCE(SUM(p.percent), 0) FROM plan_reservations p JOIN runs r"
-            " USING (run_id) WHERE (r.status IN ('queued', 'running') OR r.crashed = 1)"
-            " AND r.expires_us > ?", (to_us(now),)).fetchone()[0]
+        reserved = db.execute(_PLAN_RESERVED, (to_us(now),)).fetchone()[0]
     except sqlite3.OperationalError:  # a database from before plan mode: nothing seen yet
         return
     report["plan"]["reserved_percent"] = int(reserved)

@@ -41,6 +41,11 @@ _TAUGHT_OUTCOMES = ("completed", "verified", "unverified", "timed_out", "token_l
                     "budget_limit", "turn_limit")
 # A reservation is open while its run is, or while a crashed run's reservation is held.
 _OPEN = ("(r.status IN ('queued', 'running') OR r.crashed = 1) AND r.expires_us > ?")
+# What open runs hold reserved, in percent of the windows; the open runs learning them.
+_RESERVED_PERCENT = ("SELECT SUM(p.percent) FROM plan_reservations p JOIN runs r USING (run_id)"
+                     f" WHERE {_OPEN}")
+_LEARNERS = ("SELECT r.* FROM plan_reservations p JOIN runs r USING (run_id)"
+             f" WHERE p.learning = 1 AND r.crashed = 0 AND {_OPEN} ORDER BY r.seq")
 
 
 @dataclass(frozen=True)
@@ -96,10 +101,7 @@ class PlanGate(BudgetGate):
             windows = await self.windows(now)
             if not windows:
                 return await self._learn(ticket, now_us)
-            reserved = await self._db.scalar(
-                f"SELECT SUM(p.percent) FROM plan_reservations p JOIN runs r USING (run_id)"
-                f" WHERE {_OPEN}", (now_us,),
-            )
+            reserved = await self._db.scalar(_RESERVED_PERCENT, (now_us,))
             for window in windows.values():
                 total = window.used_percent + reserved + self.reserve_percent
                 if total > self.ceiling_percent:
@@ -114,10 +116,7 @@ class PlanGate(BudgetGate):
 
     async def _learn(self, ticket: Ticket, now_us: int) -> Admitted | Refused | _Wait:
         """No window known: wait behind the run learning them, be that run, or refuse."""
-        rows = await self._db.fetch_all(
-            f"SELECT r.* FROM plan_reservations p JOIN runs r USING (run_id)"
-            f" WHERE p.learning = 1 AND r.crashed = 0 AND {_OPEN} ORDER BY r.seq", (now_us,),
-        )
+        rows = await self._db.fetch_all(_LEARNERS, (now_us,))
         # A learner whose bothy died learns nothing: do not wait for its reservation to lapse.
         learner = next((row for row in map(RunRow.from_row, rows) if owner_alive(row)), None)
         if learner is not None:

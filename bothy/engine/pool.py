@@ -64,11 +64,13 @@ def _earliest_ready(seq_sql: str) -> str:
             " AND h.role = 'worker'))) ORDER BY e.seq LIMIT 1")
 
 
-# Workers busy: runs running, and finished runs whose worker is still stopping.
+# Workers busy: runs running, and finished runs whose worker is still stopping. The second
+# count starts from the groups (the few live ones), not from the finished runs (every run the
+# site ever had: ~12 ms at 100,000 of them, on every claim).
 _BUSY = (
     "SELECT (SELECT COUNT(*) FROM runs AS c WHERE c.status = 'running') + (SELECT COUNT(*)"
-    " FROM runs AS f JOIN groups AS w ON w.run_id = f.run_id WHERE f.status = 'finished'"
-    " AND w.role = 'worker')"
+    " FROM groups AS w WHERE w.role = 'worker' AND EXISTS (SELECT 1 FROM runs AS f"
+    " WHERE f.run_id = w.run_id AND f.status = 'finished'))"
 )
 _AHEAD_IN_LANE = _ahead_in_lane("?", "?")
 _STOPPING_IN_LANE = _stopping_in_lane("?", "?")

@@ -25,8 +25,8 @@ import aiosqlite
 
 from bothy.errors import StateCorruptError, StateError
 
-_SCHEMA_VERSION = 12  # 10: report_to + preflight on schedules; 11: wakes' payload place;
-# 12: spare app-servers (engine/spare.py)
+_SCHEMA_VERSION = 13  # 10: report_to + preflight on schedules; 11: wakes' payload place;
+# 12: spare app-servers (engine/spare.py); 13: runs_crashed
 _BUSY_TIMEOUT_MS = 30_000
 
 _SCHEMA = """
@@ -57,6 +57,10 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status);
 CREATE INDEX IF NOT EXISTS runs_by_lane ON runs (subject, seq);
+-- The few runs a crash cut short: what an open run's reservation is summed over on every
+-- admission is "queued or running, or crashed" (budget, plan windows, status), which without
+-- it reads every run the site ever had (~13 ms at 100,000 runs, on each admission).
+CREATE INDEX IF NOT EXISTS runs_crashed ON runs (crashed) WHERE crashed = 1;
 CREATE TABLE IF NOT EXISTS spend (
     id      INTEGER PRIMARY KEY AUTOINCREMENT,
     run_id  TEXT NOT NULL,
