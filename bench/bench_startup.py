@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import signal
 import sys
@@ -214,7 +215,7 @@ async def _age_register(site: Any) -> int:
     records = AGED_WAKES * 6 + batches
     start = datetime.now(UTC) - AGED_SPAN
     step = AGED_SPAN / records
-    ticks = iter(range(records * 2))
+    ticks = itertools.count()  # one reading per record: the months go by record by record
     log = AuditLog(site.audit_path, clock=lambda: start + step * next(ticks))
 
     async def lane_of(lane: int) -> None:

@@ -37,6 +37,8 @@ class DigestSet:
 
     def holds(self, route: str, key: str) -> bool:
         """Whether this delivery is one of them."""
+        if not self._sorted:  # the usual case: intake asks of every new delivery no job wants
+            return False
         digest, run = delivery_digest(route, key), self._sorted
         low, high = 0, len(self)
         while low < high:
