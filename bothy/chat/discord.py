@@ -73,6 +73,7 @@ from bothy.chat.base import DISCORD_MAX_CHARS, ChatMessage, OnLost, OnMessage, O
 from bothy.chat.discord_buttons import is_ours, press_of, question_view
 from bothy.chat.formatting import discord_pieces
 from bothy.chat.liveness import Heard
+from bothy.chat.recent import RecentIds
 from bothy.config import DiscordConfig
 from bothy.errors import ChatAuthError, ChatError, ChatUnavailable
 
@@ -94,6 +95,7 @@ _AUTH_CLOSE_CODES = {4004: "authentication failed", 4013: "invalid intents",
 _THREAD_ALREADY_CREATED = 160004  # JSON error code: a message has at most one thread
 _THREAD_NAME_MAX = 100  # contracts.md §3.4: 1–100 characters
 _THREAD_ARCHIVE_MIN: Literal[10080] = 10080  # a week: the thread stays listed while runs ask
+_THREADS_REMEMBERED = 10_000  # a busy site's weeks of threads; the set stays under ~1 MB
 _NONCE_HEX_BYTES = 12  # 24 characters; Discord accepts at most 25
 _MAX_RATELIMIT_WAIT_S = 60.0  # a longer Retry-After is an error (ChatUnavailable), not a wait
 _NO_PINGS = discord.AllowedMentions.none()  # sent as formatting's DISCORD_NO_PINGS
@@ -151,7 +153,9 @@ class DiscordAdapter:
         self._on_press: OnPress | None = None
         self._me = 0
         self._mention: re.Pattern[str] | None = None
-        self._threads: set[int] = set()  # threads this process started or was mentioned in
+        # Threads this process started or was mentioned in, the newest of them: an older one
+        # is still recognised by its owner or its membership (_chat_message).
+        self._threads = RecentIds(_THREADS_REMEMBERED)
         self._in_order = asyncio.Lock()  # one on_message at a time, in arrival order
         self._handlers: set[asyncio.Task[object]] = set()
         self._stopped = asyncio.Event()
