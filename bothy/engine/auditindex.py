@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from bothy.engine.auditfile import settled_size
 from bothy.engine.auditrecord import AuditRecord, body_of, parse_line
+from bothy.footprint import SQLITE_PAGE_CACHE_PRAGMA
 
 if TYPE_CHECKING:
     from bothy.engine.audit import AuditLog
@@ -466,6 +467,7 @@ def _connect(path: Path, *, create: bool, busy_ms: int) -> sqlite3.Connection:
         # rebuilt from the register whenever it is lost or behind).
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
+        db.execute(SQLITE_PAGE_CACHE_PRAGMA)  # held open by a serve for months
         if _read_version(db) not in (None, _VERSION):
             raise sqlite3.DatabaseError("an index of another format")
     except BaseException:

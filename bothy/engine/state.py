@@ -24,6 +24,7 @@ from typing import Any
 import aiosqlite
 
 from bothy.errors import StateCorruptError, StateError
+from bothy.footprint import SQLITE_PAGE_CACHE_PRAGMA
 
 _SCHEMA_VERSION = 13  # 10: report_to + preflight on schedules; 11: wakes' payload place;
 # 12: spare app-servers (engine/spare.py); 13: runs_crashed
@@ -274,6 +275,7 @@ class StateDB:
         try:
             await self._db.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
             await self._db.execute("PRAGMA journal_mode = WAL")
+            await self._db.execute(SQLITE_PAGE_CACHE_PRAGMA)  # a serve lives for months
             await self._db.execute("PRAGMA synchronous = FULL")
             if sys.platform == "darwin":
                 # macOS fsync does not reach the platter; F_FULLFSYNC does (contracts.md §7).
