@@ -76,7 +76,7 @@ _RECORDS_PER_COMMIT = 512  # a few hundred KB in one write
 _SETTLE_AFTER_QUIET_S = 0.05
 # Tokens found well-formed (whether one is depends on it alone), each with its JSON form.
 _WELL_FORMED: dict[str, str] = {}
-_WELL_FORMED_MAX = 4096
+_WELL_FORMED_MAX = 512  # a run's ids come back within its few records, then never
 
 
 class _Wanted(NamedTuple):  # (not a dataclass: cheaper to define at each start)
