@@ -106,7 +106,8 @@ _TRANSIENT_ERRORS = frozenset(
 # Message subtypes written by a person; everything else (edits, joins, bots…) is dropped.
 _USER_SUBTYPES = frozenset({"thread_broadcast", "file_share"})
 _RATE_LIMIT_RETRIES = 3  # each waits Retry-After (contracts.md §2.3: ~1 post/s per channel)
-_REMEMBERED_KEYS = 10_000  # dedupe keys kept in memory; the router's dedupe is the durable one
+_REMEMBERED_KEYS = 2_000  # dedupe keys kept in memory (Slack retries within minutes); the
+# router's dedupe is the durable one. At 10,000 they held ~1.5 MB once a serve had seen as many.
 _CLOSE_S = 5.0
 
 _State = Literal["new", "starting", "ready", "stopped"]
