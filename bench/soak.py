@@ -3,9 +3,9 @@
 Not part of ``make bench``: 2,400 mentions take half an hour here. One ``python -m bothy
 serve`` with Slack, as an operator starts it, answers ``MENTIONS`` Slack mentions one after
 another (each waited on until its answer is posted, as ``bench_chat`` (a) sends them); its
-VmRSS is printed at start and after every 300, with the serve's own CPU time. The heap is
-trimmed every ``footprint.TRIM_EVERY_S`` (five minutes), so the figures between trims saw up
-and down; what should not happen is a climb that goes on (bothy/footprint.py).
+VmRSS is printed at start and after every 300. The heap is trimmed every
+``footprint.TRIM_EVERY_S`` (five minutes), so the figures between trims go up and down; what
+should not happen is a climb that goes on (bothy/footprint.py).
 """
 
 from __future__ import annotations

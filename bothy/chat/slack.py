@@ -106,8 +106,12 @@ _TRANSIENT_ERRORS = frozenset(
 # Message subtypes written by a person; everything else (edits, joins, bots…) is dropped.
 _USER_SUBTYPES = frozenset({"thread_broadcast", "file_share"})
 _RATE_LIMIT_RETRIES = 3  # each waits Retry-After (contracts.md §2.3: ~1 post/s per channel)
-_REMEMBERED_KEYS = 2_000  # dedupe keys kept in memory (Slack retries within minutes); the
-# router's dedupe is the durable one. At 10,000 they held ~1.5 MB once a serve had seen as many.
+# Keys handed over, kept in memory: Slack redelivers an unacknowledged envelope within about
+# five minutes, and the 2,000 newest cover that at up to ~7 messages a second in the bot's
+# channels. A mention or a reply in a conversation is also deduplicated durably by the router;
+# a copy of another message arriving later still would be handed over again. (10,000 held
+# ~1.5 MB once a serve had seen as many messages.)
+_REMEMBERED_KEYS = 2_000
 _CLOSE_S = 5.0
 
 _State = Literal["new", "starting", "ready", "stopped"]
