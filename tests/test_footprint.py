@@ -9,14 +9,22 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import bothy.daemon as daemon_module
+from bothy.config import load_config
+from bothy.daemon import Daemon
 from bothy.engine.audit import AuditLog
 from bothy.engine.state import StateDB
 from bothy.footprint import SQLITE_PAGE_CACHE_KIB, _malloc_trim, keep_heap_trimmed
+from bothy.home import BothyHome
+from tests.fakes.shell import until
+from tests.fakes.site import Site
+from tests.test_serve import free_port
 
 _FRAGMENTED = textwrap.dedent("""
     import sys
@@ -97,3 +105,32 @@ async def test_the_registers_index_holds_a_small_page_cache(
     [writer] = opened  # the index's writer, held open for the next records
     assert writer.execute("PRAGMA cache_size").fetchone()[0] == -SQLITE_PAGE_CACHE_KIB
     audit.index.close()
+
+
+async def test_a_ready_serve_trims_its_heap_until_it_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon keeps the heap trimmed while it serves, and the loop ends with it."""
+    trims: list[int] = []
+
+    def counted() -> bool:
+        trims.append(len(trims))
+        return True
+
+    def quick(stop: asyncio.Event) -> Coroutine[Any, Any, None]:
+        return keep_heap_trimmed(stop, every_s=0.05, trim=counted)
+
+    monkeypatch.setattr(daemon_module, "keep_heap_trimmed", quick)
+    site = Site(tmp_path / "site", "http://127.0.0.1:9", codex={"spare": False},
+                listen={"tailnet_port": free_port()})
+    daemon = Daemon(BothyHome(site.home), load_config(site.home / "config.json"))
+    serving = asyncio.create_task(daemon.serve())
+    try:
+        await until(lambda: len(trims) >= 3 or serving.done(), "three trims while serving")
+        assert not serving.done()
+    finally:
+        daemon.stop()
+        assert await asyncio.wait_for(serving, 30) == 0
+    held = len(trims)
+    await asyncio.sleep(0.2)
+    assert len(trims) == held  # its loop ended with serve
