@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import bothy.daemon as daemon_module
+import bothy.footprint as footprint
 from bothy.config import load_config
 from bothy.daemon import Daemon
 from bothy.engine.audit import AuditLog
@@ -82,6 +83,11 @@ async def test_a_stop_ends_it_at_once_not_at_the_next_interval() -> None:
     await asyncio.sleep(0.01)
     stop.set()
     await asyncio.wait_for(task, 0.5)
+
+
+async def test_without_glibc_there_is_no_loop_to_keep(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(footprint, "_malloc_trim", lambda: None)
+    await asyncio.wait_for(footprint.keep_heap_trimmed(asyncio.Event(), every_s=0.01), 0.5)
 
 
 async def test_the_state_database_holds_a_small_page_cache(tmp_path: Path) -> None:
