@@ -1,8 +1,10 @@
 """What a long-running ``bothy serve`` keeps in memory beyond its code, and what it gives back.
 
 A serve is left running for months; its resident memory should level off, not creep up with
-every run. Two things made it creep (a soak of 2,400 Slack mentions on one serve, mallinfo2
-read at each 300: +2.8 MB in use, +3.5 MB free inside the C heap, Python's objects flat):
+every run. A soak of 2,400 Slack mentions on one serve grew by ~13 MB: +2.8 MB in use and
++3.5 MB free inside the C heap (mallinfo2), and Python caches that were bounded but large (the
+register's checked names, Slack's dedupe keys: their caps, in their own modules, are now 512
+and 2,000). The C heap's part is this module's:
 
 - SQLite's page cache. Each long-lived connection (the state database, the register's index)
   keeps up to 2 MB of pages by default, and fills it as its file grows. Here it is held to
