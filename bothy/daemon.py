@@ -41,7 +41,7 @@ from bothy.engine.headpublisher import HeadPublisher
 from bothy.engine.procgroup import process_start_time
 from bothy.engine.questions import QuestionBoard
 from bothy.errors import AuditIntegrityError, BothyError, ConfigError
-from bothy.footprint import keep_heap_trimmed
+from bothy.footprint import TRIM_EVERY_S, keep_heap_trimmed
 from bothy.home import BothyHome
 from bothy.runtime import Runtime
 from bothy.servelock import single_instance
@@ -87,10 +87,12 @@ class Daemon:
         cfg: Config,
         *,
         adapter_options: Mapping[str, Mapping[str, Any]] | None = None,
+        heap_trim_every_s: float = TRIM_EVERY_S,
     ) -> None:
         self._home = home
         self._cfg = cfg
         self._adapter_options = adapter_options or {}
+        self._heap_trim_every_s = heap_trim_every_s
         self.state = State.STARTING
         self._stop = asyncio.Event()
         self._hurry = asyncio.Event()
@@ -208,7 +210,8 @@ class Daemon:
             keep_s = self._cfg.wakes.keep_deliveries_days * 86_400.0  # what finished, forgotten
             group.create_task(inbox.keep_pruned(keep_s, polls_stop), name="inbox-prune")
             group.create_task(schedules.keep_synced(polls_stop), name="schedule-sync")
-            group.create_task(keep_heap_trimmed(polls_stop), name="heap-trim")
+            group.create_task(keep_heap_trimmed(polls_stop, every_s=self._heap_trim_every_s),
+                              name="heap-trim")
             await self._stop.wait()
             self.state = State.DRAINING
             # First: from the signal on, no wake is taken and no worker starts (the runs that

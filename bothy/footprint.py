@@ -52,10 +52,7 @@ def trim_heap() -> bool:
 
 async def keep_heap_trimmed(stop: asyncio.Event, *, every_s: float = TRIM_EVERY_S,
                             trim: Callable[[], bool] = trim_heap) -> None:
-    """Trim the heap every ``every_s`` until ``stop`` is set; at once done where the C library
-    has nothing to trim with."""
-    if trim is trim_heap and _malloc_trim() is None:
-        return
+    """Trim the heap every ``every_s`` until ``stop`` is set."""
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), every_s)

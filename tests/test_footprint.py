@@ -4,19 +4,18 @@ free pages are given back (bothy/footprint.py)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import platform
 import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import Coroutine
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import bothy.daemon as daemon_module
-import bothy.footprint as footprint
 from bothy.config import load_config
 from bothy.daemon import Daemon
 from bothy.engine.audit import AuditLog
@@ -64,30 +63,29 @@ def test_the_free_pages_between_live_chunks_are_given_back() -> None:
 
 async def test_the_heap_is_trimmed_at_each_interval_until_stopped() -> None:
     trims: list[int] = []
+    third = threading.Event()
     stop = asyncio.Event()
 
-    def counted() -> bool:
-        trims.append(len(trims))  # called in a worker thread, one at a time
+    def counted() -> bool:  # called in a worker thread, one at a time
+        trims.append(len(trims))
+        if len(trims) == 3:
+            third.set()
         return True
 
     task = asyncio.create_task(keep_heap_trimmed(stop, every_s=0.05, trim=counted))
-    await asyncio.sleep(0.32)
+    assert await asyncio.to_thread(third.wait, 5.0)
     stop.set()
     await asyncio.wait_for(task, 1.0)
-    assert 3 <= len(trims) <= 7
+    assert len(trims) in (3, 4)  # at most one more, already under way when stop came
 
 
 async def test_a_stop_ends_it_at_once_not_at_the_next_interval() -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(keep_heap_trimmed(stop, every_s=3600.0, trim=lambda: True))
-    await asyncio.sleep(0.01)
+    done, _ = await asyncio.wait({task}, timeout=0.05)
+    assert not done  # waiting out its hour
     stop.set()
     await asyncio.wait_for(task, 0.5)
-
-
-async def test_without_glibc_there_is_no_loop_to_keep(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(footprint, "_malloc_trim", lambda: None)
-    await asyncio.wait_for(footprint.keep_heap_trimmed(asyncio.Event(), every_s=0.01), 0.5)
 
 
 async def test_the_state_database_holds_a_small_page_cache(tmp_path: Path) -> None:
@@ -105,7 +103,7 @@ async def test_the_registers_index_holds_a_small_page_cache(
         opened.append(connect(*args, **kwargs))
         return opened[-1]
 
-    monkeypatch.setattr(sqlite3, "connect", seen)
+    monkeypatch.setattr(sqlite3, "connect", seen)  # a spy: every connection is the real one
     audit = AuditLog(tmp_path / "audit.jsonl")
     await audit.record("run", "admitted", "ok", run_id="run_20261206T000000Z_0a1b2c3d")
     [writer] = opened  # the index's writer, held open for the next records
@@ -114,29 +112,23 @@ async def test_the_registers_index_holds_a_small_page_cache(
 
 
 async def test_a_ready_serve_trims_its_heap_until_it_stops(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The daemon keeps the heap trimmed while it serves, and the loop ends with it."""
-    trims: list[int] = []
+    caplog.set_level(logging.DEBUG, logger="bothy.footprint")
 
-    def counted() -> bool:
-        trims.append(len(trims))
-        return True
+    def trims() -> int:
+        return sum(r.name == "bothy.footprint" and r.msg.startswith("heap trimmed")
+                   for r in caplog.records)
 
-    def quick(stop: asyncio.Event) -> Coroutine[Any, Any, None]:
-        return keep_heap_trimmed(stop, every_s=0.05, trim=counted)
-
-    monkeypatch.setattr(daemon_module, "keep_heap_trimmed", quick)
     site = Site(tmp_path / "site", "http://127.0.0.1:9", codex={"spare": False},
                 listen={"tailnet_port": free_port()})
-    daemon = Daemon(BothyHome(site.home), load_config(site.home / "config.json"))
+    daemon = Daemon(BothyHome(site.home), load_config(site.home / "config.json"),
+                    heap_trim_every_s=0.05)
     serving = asyncio.create_task(daemon.serve())
     try:
-        await until(lambda: len(trims) >= 3 or serving.done(), "three trims while serving")
+        await until(lambda: trims() >= 3 or serving.done(), "three trims while serving")
         assert not serving.done()
     finally:
         daemon.stop()
-        assert await asyncio.wait_for(serving, 30) == 0
-    held = len(trims)
-    await asyncio.sleep(0.2)
-    assert len(trims) == held  # its loop ended with serve
+        assert await asyncio.wait_for(serving, 30) == 0  # its loop ended with serve
