@@ -37,6 +37,7 @@ from bothy.chat.liveness import ConnectionView, Liveness, Watched
 from bothy.chat.router import ChatRouter
 from bothy.config import Config
 from bothy.engine.audit import AuditLog
+from bothy.engine.chaincheck import ChainCheck, Checked
 from bothy.engine.headpublisher import HeadPublisher
 from bothy.engine.procgroup import process_start_time
 from bothy.engine.questions import QuestionBoard
@@ -88,9 +89,13 @@ class Daemon:
         *,
         adapter_options: Mapping[str, Mapping[str, Any]] | None = None,
         heap_trim_every_s: float = TRIM_EVERY_S,
+        chain: ChainCheck | None = None,
     ) -> None:
         self._home = home
         self._cfg = cfg
+        # The register's walk before the first record: started by `bothy serve` before its
+        # imports (engine/chaincheck.py); made here in-process otherwise.
+        self._chain = chain or ChainCheck.in_process(home.audit_path)
         self._adapter_options = adapter_options or {}
         self._heap_trim_every_s = heap_trim_every_s
         self.state = State.STARTING
@@ -121,11 +126,13 @@ class Daemon:
             sys.setswitchinterval(previous_s)
 
     async def _serve(self, rt: Runtime) -> int:
-        await _refuse_a_broken_register(rt.audit)
+        chain = await _refuse_a_broken_register(rt.audit, self._chain)
         supervisor = rt.supervisor()
         inbox = Inbox(self._home.inbox_dir, rt.db, clock=rt.clock, audit=rt.audit)
-        await rt.audit.record("serve", "starting", "ok",
-                              details={"pid": os.getpid(), "site": self._cfg.site})
+        await rt.audit.record("serve", "starting", "ok", details={
+            "pid": os.getpid(), "site": self._cfg.site,
+            "chain_verified": chain.report.count, "chain_verify_ms": round(chain.walk_ms),
+            "chain_waited_ms": round(chain.waited_ms), "chain_beside": chain.beside})
         recovered = await supervisor.recover()
         store = ScheduleStore(rt.db, timezone=self._cfg.budget.timezone, clock=rt.clock)
         reports = Reports(self._cfg, db=rt.db, audit=rt.audit, alerts=rt.alerts, clock=rt.clock)
@@ -463,12 +470,14 @@ def _check_secrets(cfg: Config) -> None:
             )
 
 
-async def _refuse_a_broken_register(audit: AuditLog) -> None:
+async def _refuse_a_broken_register(audit: AuditLog, chain: ChainCheck) -> Checked:
     """The whole chain, verified before anything is appended to it (docs/AUDIT.md)."""
-    report = await asyncio.to_thread(audit.verify)
+    checked = await chain.checked()
+    report = checked.report
     if not report.ok:
         raise AuditIntegrityError(
             f"not starting: the register {audit.path} is broken: {report.problem}. Nothing was "
             "appended to it. See 'bothy audit verify'; 'bothy audit repair' keeps the broken "
             "file aside untouched and starts a new segment after the last good record",
             seq=report.first_bad_seq, line_no=report.line_no)
+    return checked

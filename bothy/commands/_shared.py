@@ -9,9 +9,10 @@ if TYPE_CHECKING:
     from bothy.home import BothyHome
 
 
-def load() -> tuple[BothyHome, Config]:
+def load(home: BothyHome | None = None) -> tuple[BothyHome, Config]:
+    """The home (``$BOTHY_HOME``, unless the caller has it already) and its configuration."""
     from bothy.config import load_config
     from bothy.home import BothyHome
 
-    home = BothyHome.from_env()
+    home = home or BothyHome.from_env()
     return home, load_config(home.config_path)

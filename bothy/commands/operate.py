@@ -210,17 +210,27 @@ async def cmd_daemon(args: argparse.Namespace) -> int:
     # yet the collector would walk it all many times over, ~100 ms here (issue 18). The
     # daemon turns collection back on once it is ready (bothy/daemon.py).
     gc.disable()
-    import asyncio
+    from bothy.engine.chaincheck import ChainCheck
+    from bothy.home import BothyHome
 
-    from bothy.aiohttpimport import import_aiohttp
+    # First of all, the register's walk: on a second core, beside the imports below, when
+    # the register is long enough to gain (engine/chaincheck.py).
+    home = BothyHome.from_env()
+    chain = ChainCheck.start(home.audit_path)
+    try:
+        import asyncio
 
-    # Before the daemon's modules: the CA bundle parsed once, not twice, and in a thread
-    # while the modules below are imported and the config validated (bothy/aiohttpimport.py).
-    trusted = import_aiohttp()
-    from bothy.commands.foreground import check_workspace
-    from bothy.daemon import Daemon
+        from bothy.aiohttpimport import import_aiohttp
 
-    home, cfg = load()
-    check_workspace(home, cfg)  # every run it starts would fail: say which key, and stay down
-    await asyncio.wrap_future(trusted)  # before the daemon can open a TLS connection
-    return await Daemon(home, cfg).serve()
+        # Before the daemon's modules: the CA bundle parsed once, not twice, and in a thread
+        # while the modules below are imported and the config validated (aiohttpimport.py).
+        trusted = import_aiohttp()
+        from bothy.commands.foreground import check_workspace
+        from bothy.daemon import Daemon
+
+        home, cfg = load(home)
+        check_workspace(home, cfg)  # every run it starts would fail: say which key, stay down
+        await asyncio.wrap_future(trusted)  # before the daemon can open a TLS connection
+        return await Daemon(home, cfg, chain=chain).serve()
+    finally:
+        chain.close()  # a start that failed before its check: the walk is nobody's

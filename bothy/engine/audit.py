@@ -41,9 +41,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from bothy.engine.auditchain import Fault, VerifyReport
-from bothy.engine.auditcheckpoint import against_anchor, read_checkpoint, remove_checkpoint
+from bothy.engine.auditcheckpoint import (
+    against_anchor,
+    checkpoint_path_for,
+    read_checkpoint,
+    remove_checkpoint,
+)
 from bothy.engine.auditevents import EVENTS, EventTable
-from bothy.engine.auditfile import FILE_MODE, exclusive_lock
+from bothy.engine.auditfile import FILE_MODE, exclusive_lock, lock_path_for
 from bothy.engine.auditindex import RunIndex
 from bothy.engine.auditrecord import (
     GENESIS_HASH,
@@ -61,6 +66,7 @@ from bothy.engine.auditsegments import (
     file_lines,
     segments_of,
     verify_file,
+    verify_register,
 )
 from bothy.engine.auditwriter import AuditWriter, Entry
 from bothy.errors import AuditIntegrityError
@@ -119,8 +125,8 @@ class AuditLog:
         # The five names of records already checked (against this log's table too), each
         # set with its JSON form: a run's records come back with the same ones.
         self._names: dict[tuple[str, str, str, str | None, str | None], str] = {}
-        self._lock_path = path.with_name(path.name + ".lock")
-        self.checkpoint_path = path.with_name(path.name + ".checkpoint")
+        self._lock_path = lock_path_for(path)
+        self.checkpoint_path = checkpoint_path_for(path)
         self._clock = clock or _UTC_NOW
         self.index = RunIndex(path)  # by run id, kept at one hook after each durable write
         self._writer = AuditWriter(path, clock=self._clock, index=self.index)
@@ -277,11 +283,7 @@ class AuditLog:
         Never raises for a bad chain. ``repaired_at`` names every repair: a repaired register
         verifies, but never as if nothing had happened.
         """
-        # The checkpoint first, then the file: a writer rewrites the checkpoint only after the
-        # fsync of what it covers, so the file read afterwards reaches at least that far. Read
-        # the other way round, a burst appended between the two reads would be named missing.
-        point = read_checkpoint(self.checkpoint_path)
-        return against_anchor(self._verify_segments(settle=True), point, self.checkpoint_path)
+        return verify_register(self.path)
 
     def anchored_head(self) -> tuple[int, str] | None:
         """The seq and hash of the last record appended by a writer that had verified the
@@ -300,8 +302,9 @@ class AuditLog:
         finally:
             os.close(fd)
 
-    def _verify_segments(self, *, settle: bool) -> VerifyReport:
-        return verify_file(self.path, self._lock_path if settle else None, None, 0)
+    def _verify_segments(self) -> VerifyReport:
+        """The whole chain, read by the caller holding the writers' lock."""
+        return verify_file(self.path, None, None, 0)
 
     def segments(self) -> list[tuple[Path, int | None]]:
         """The register's files oldest first, each with the last seq of it that counts (a
@@ -323,7 +326,7 @@ class AuditLog:
             self._writer.settle_locked()
             # Records cut from the end (a register cut back to a record boundary, or replaced
             # by an older copy) are a break like any other: compared with the anchored head.
-            report = against_anchor(self._verify_segments(settle=False),
+            report = against_anchor(self._verify_segments(),
                                     read_checkpoint(self.checkpoint_path), self.checkpoint_path)
             if report.ok:
                 return None

@@ -20,8 +20,8 @@ from bothy.engine.auditchain import Fault, VerifyReport
 from bothy.engine.auditfile import FILE_MODE, last_line
 from bothy.engine.auditrecord import body_of, parse_line
 
-__all__ = ["Checkpoint", "against_anchor", "read_checkpoint", "remove_checkpoint",
-           "write_checkpoint"]
+__all__ = ["Checkpoint", "against_anchor", "checkpoint_path_for", "read_checkpoint",
+           "remove_checkpoint", "write_checkpoint"]
 
 _CHECKPOINT_BYTES = 256  # the checkpoint's fixed width (its JSON is about 170 bytes)
 
@@ -60,6 +60,11 @@ def against_anchor(
     return replace(report, ok=False, fault=Fault.MISSING, first_bad_seq=first, problem=(
         f"{what} from the end: the register stops at {report.last_seq:04d} but its head "
         f"anchored in {where.name} is {last:04d}"))
+
+
+def checkpoint_path_for(register: Path) -> Path:
+    """Where ``register``'s checkpoint is kept (``<register>.checkpoint``)."""
+    return register.with_name(register.name + ".checkpoint")
 
 
 def read_checkpoint(path: Path) -> Checkpoint | None:

@@ -23,7 +23,8 @@ from bothy.errors import AuditIntegrityError, StateError
 from bothy.fsync import fsync_directory
 
 __all__ = ["FILE_MODE", "Tail", "exclusive_lock", "fsync_new_entries", "identity",
-           "last_line", "make_parent_dirs", "open_for_append", "read_tail", "settled_size"]
+           "last_line", "lock_path_for", "make_parent_dirs", "open_for_append", "read_tail",
+           "settled_size"]
 
 FILE_MODE = 0o600
 _DIR_MODE = 0o700
@@ -79,6 +80,11 @@ def last_line(fd: int, size: int) -> bytes:
         if cut != -1:
             return tail[cut + 1 :]
     return tail
+
+
+def lock_path_for(register: Path) -> Path:
+    """The sidecar lock file the writers of ``register`` take (``<register>.lock``)."""
+    return register.with_name(register.name + ".lock")
 
 
 @contextlib.contextmanager

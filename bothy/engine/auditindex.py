@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from bothy.engine.auditfile import settled_size
+from bothy.engine.auditfile import lock_path_for, settled_size
 from bothy.engine.auditrecord import AuditRecord, body_of, parse_line
 from bothy.footprint import SQLITE_PAGE_CACHE_PRAGMA
 
@@ -118,7 +118,7 @@ class RunIndex:
         self.register = register
         self._on_rebuild = on_rebuild
         self.path = register.with_name(register.name + ".index")
-        self._lock_path = register.with_name(register.name + ".lock")
+        self._lock_path = lock_path_for(register)
         self._writer: sqlite3.Connection | None = None
         self._writer_ino: int | None = None
 

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bothy.engine.auditchain import Fault, VerifyReport, verify_lines
-from bothy.engine.auditfile import settled_size
+from bothy.engine.auditcheckpoint import against_anchor, checkpoint_path_for, read_checkpoint
+from bothy.engine.auditfile import lock_path_for, settled_size
 from bothy.engine.auditrecord import parse_line
 
 __all__ = ["REPAIR_EVENT", "REPAIR_KIND", "Link", "file_lines", "lines_from", "repair_link",
-           "segments_of", "verify_file"]
+           "segments_of", "verify_file", "verify_register"]
 
 REPAIR_KIND, REPAIR_EVENT = "audit", "repaired"
 _MAX_SEGMENTS = 1000  # links followed back through repaired segments before giving up
@@ -65,6 +66,18 @@ def repair_link(path: Path) -> Link | None:
             or not isinstance(digest, str):
         return None
     return Link(kept=path.with_name(kept), seq=seq, hash=digest)
+
+
+def verify_register(path: Path) -> VerifyReport:
+    """The whole chain of the register at ``path``, across its repaired segments, held
+    against the head its checkpoint anchors (``AuditLog.verify``). Reads only: any process
+    may make it, beside the writers."""
+    # The checkpoint first, then the file: a writer rewrites the checkpoint only after the
+    # fsync of what it covers, so the file read afterwards reaches at least that far. Read
+    # the other way round, a burst appended between the two reads would be named missing.
+    checkpoint = checkpoint_path_for(path)
+    point = read_checkpoint(checkpoint)
+    return against_anchor(verify_file(path, lock_path_for(path), None, 0), point, checkpoint)
 
 
 def verify_file(

@@ -29,12 +29,18 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from bothy.engine.auditchain import VerifyReport, verify_lines
-from bothy.engine.auditcheckpoint import against_anchor, read_checkpoint, write_checkpoint
+from bothy.engine.auditcheckpoint import (
+    against_anchor,
+    checkpoint_path_for,
+    read_checkpoint,
+    write_checkpoint,
+)
 from bothy.engine.auditfile import (
     Tail,
     exclusive_lock,
     fsync_new_entries,
     identity,
+    lock_path_for,
     make_parent_dirs,
     open_for_append,
     read_tail,
@@ -83,8 +89,8 @@ class AuditWriter:
 
     def __init__(self, path: Path, *, clock: Callable[[], datetime], index: RunIndex) -> None:
         self.path = path
-        self.lock_path = path.with_name(path.name + ".lock")
-        self.checkpoint_path = path.with_name(path.name + ".checkpoint")
+        self.lock_path = lock_path_for(path)
+        self.checkpoint_path = checkpoint_path_for(path)
         self.index = index
         self._clock = clock
         self.thread_lock = threading.Lock()
