@@ -22,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import gc
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from bothy.atomicfile import write_atomically
@@ -35,7 +36,7 @@ from bothy.chat.conversation import SOURCE as CHAT_SOURCE
 from bothy.chat.conversation import Conversations
 from bothy.chat.liveness import ConnectionView, Liveness, Watched
 from bothy.chat.router import ChatRouter
-from bothy.config import Config
+from bothy.config import ChatConfig, Config
 from bothy.engine.audit import AuditLog
 from bothy.engine.chaincheck import ChainCheck, Checked
 from bothy.engine.headpublisher import HeadPublisher
@@ -58,6 +59,8 @@ from bothy.wakes.webhook import WebhookListener
 if TYPE_CHECKING:
     import httpx
 
+    from bothy.chat.discord import DiscordAdapter
+    from bothy.chat.slack import SlackAdapter
     from bothy.engine.spare import Spare
     from bothy.wakes.poller import Poller
     from bothy.web import DeferredSite, StatusSite
@@ -126,6 +129,9 @@ class Daemon:
             sys.setswitchinterval(previous_s)
 
     async def _serve(self, rt: Runtime) -> int:
+        # The chat libraries first: while a process of its own walks a long register on the
+        # other core (engine/chaincheck.py), this one imports what its start needs after.
+        platforms = _chat_platforms(self._cfg.chat)
         chain = await _refuse_a_broken_register(rt.audit, self._chain)
         supervisor = rt.supervisor()
         inbox = Inbox(self._home.inbox_dir, rt.db, clock=rt.clock, audit=rt.audit)
@@ -143,7 +149,7 @@ class Daemon:
                                 alerts=rt.alerts, clock=rt.clock)
         wakes = await dispatcher.recover()
         listeners = await self._listen(rt, inbox, dispatcher)
-        chat = await self._chat(rt, inbox, dispatcher, listeners, reports)
+        chat = await self._chat(rt, platforms, inbox, dispatcher, listeners, reports)
         await dispatcher.tell_interrupted(wakes)
         schedules = ScheduleRunner(
             store, inbox, audit=rt.audit, grace_s=self._cfg.wakes.missed_fire_grace_s,
@@ -294,8 +300,8 @@ class Daemon:
             await asyncio.to_thread(self._publish, State.READY.value)
 
     async def _chat(
-        self, rt: Runtime, inbox: Inbox, dispatcher: Dispatcher,
-        listeners: list[WebhookListener], reports: Reports,
+        self, rt: Runtime, platforms: Mapping[str, _Platform], inbox: Inbox,
+        dispatcher: Dispatcher, listeners: list[WebhookListener], reports: Reports,
     ) -> _Chat | None:
         """Connect the configured chat platforms (after the listeners, before readiness); their
         conversations take the chat wakes, unattended runs report there, and alerts go to
@@ -303,18 +309,9 @@ class Daemon:
         adapters: dict[str, ChatAdapter] = {}
         watched: dict[str, Watched] = {}
         silent_after_s: dict[str, float] = {}
-        if self._cfg.chat.slack is not None:
-            from bothy.chat.slack import SlackAdapter
-
-            adapters["slack"] = watched["slack"] = SlackAdapter(
-                self._cfg.chat.slack, **self._adapter_options.get("slack", {}))
-            silent_after_s["slack"] = self._cfg.chat.slack.silent_after_s
-        if self._cfg.chat.discord is not None:
-            from bothy.chat.discord import DiscordAdapter
-
-            adapters["discord"] = watched["discord"] = DiscordAdapter(
-                self._cfg.chat.discord, **self._adapter_options.get("discord", {}))
-            silent_after_s["discord"] = self._cfg.chat.discord.silent_after_s
+        for name, (make, silent_s) in platforms.items():
+            adapters[name] = watched[name] = make(**self._adapter_options.get(name, {}))
+            silent_after_s[name] = silent_s
         if not adapters:
             return None
         conversations = Conversations(self._cfg, adapters, db=rt.db, audit=rt.audit,
@@ -435,6 +432,28 @@ class _Chat:
         for adapter in self.adapters.values():
             await adapter.stop()
         await self.router.close()
+
+
+_Platform = tuple[Callable[..., "SlackAdapter | DiscordAdapter"], float]
+"""A configured chat platform: its adapter, made with the platform's config and an in-process
+caller's options, and after how long a silent connection counts as lost (s)."""
+
+
+def _chat_platforms(chat: ChatConfig) -> dict[str, _Platform]:
+    """The configured chat platforms, each library imported now (only those the config
+    names: issue 18)."""
+    platforms: dict[str, _Platform] = {}
+    if chat.slack is not None:
+        from bothy.chat.slack import SlackAdapter
+
+        platforms["slack"] = (functools.partial(SlackAdapter, chat.slack),
+                              chat.slack.silent_after_s)
+    if chat.discord is not None:
+        from bothy.chat.discord import DiscordAdapter
+
+        platforms["discord"] = (functools.partial(DiscordAdapter, chat.discord),
+                                chat.discord.silent_after_s)
+    return platforms
 
 
 def _collect_garbage_again() -> None:

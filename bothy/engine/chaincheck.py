@@ -83,9 +83,13 @@ class ChainCheck:
         import asyncio  # serve's already; the child, which only walks, goes without it
 
         waiting = time.perf_counter()
-        if self._process is not None:
-            verdict = await asyncio.to_thread(_verdict_of, self._process, self._register)
-            self._process = None
+        process, self._process = self._process, None  # taken: close() leaves it to us
+        if process is not None:
+            try:
+                verdict = await asyncio.to_thread(_verdict_of, process, self._register)
+            except BaseException:  # cancelled: the thread waiting on it is freed, and reaps it
+                process.kill()
+                raise
             if verdict is not None:
                 report, walk_ms = verdict
                 return Checked(report, walk_ms, _ms_since(waiting), beside=True)
