@@ -1,6 +1,7 @@
 """``bothy serve``: the long-running process. Wires the parts; holds none of their logic.
 
-Start-up, in order: single-instance lock → state → audit → recovery (orphaned worker groups
+Start-up, in order: single-instance lock → state → audit (the whole chain verified; a long
+register walked beside the imports, engine/chaincheck.py) → recovery (orphaned worker groups
 ended, wakes that never started queued again, wakes whose run was under way closed) →
 listeners → dispatcher → schedules (a fire missed while down is queued once, then the timers
 start); while ready, the register's head is published once a day (engine/headpublisher.py),
@@ -42,7 +43,7 @@ from bothy.engine.chaincheck import ChainCheck, Checked
 from bothy.engine.headpublisher import HeadPublisher
 from bothy.engine.procgroup import process_start_time
 from bothy.engine.questions import QuestionBoard
-from bothy.errors import AuditIntegrityError, BothyError, ConfigError
+from bothy.errors import AuditIntegrityError, BothyError, ConfigError, StateError
 from bothy.footprint import TRIM_EVERY_S, keep_heap_trimmed
 from bothy.home import BothyHome
 from bothy.runtime import Runtime
@@ -97,8 +98,8 @@ class Daemon:
         self._home = home
         self._cfg = cfg
         # The register's walk before the first record: started by `bothy serve` before its
-        # imports (engine/chaincheck.py); made here in-process otherwise.
-        self._chain = chain or ChainCheck.in_process(home.audit_path)
+        # imports (engine/chaincheck.py); made in-process otherwise.
+        self._chain = chain
         self._adapter_options = adapter_options or {}
         self._heap_trim_every_s = heap_trim_every_s
         self.state = State.STARTING
@@ -132,7 +133,8 @@ class Daemon:
         # The chat libraries first: while a process of its own walks a long register on the
         # other core (engine/chaincheck.py), this one imports what its start needs after.
         platforms = _chat_platforms(self._cfg.chat)
-        chain = await _refuse_a_broken_register(rt.audit, self._chain)
+        chain = await _refuse_a_broken_register(
+            rt.audit, self._chain or ChainCheck.in_process(rt.audit.path))
         supervisor = rt.supervisor()
         inbox = Inbox(self._home.inbox_dir, rt.db, clock=rt.clock, audit=rt.audit)
         await rt.audit.record("serve", "starting", "ok", details={
@@ -491,6 +493,9 @@ def _check_secrets(cfg: Config) -> None:
 
 async def _refuse_a_broken_register(audit: AuditLog, chain: ChainCheck) -> Checked:
     """The whole chain, verified before anything is appended to it (docs/AUDIT.md)."""
+    if chain.register != audit.path:
+        raise StateError(f"the check of the register {chain.register} cannot stand for the"
+                         f" register {audit.path} serve appends to")
     checked = await chain.checked()
     report = checked.report
     if not report.ok:

@@ -1,32 +1,44 @@
 """The whole register verified beside `bothy serve`'s start (issue 18, engine/chaincheck.py): a
 long register is walked by a process of its own while serve imports, and its verdict is the
 one `bothy audit verify` gives; a tampered one still stops serve, naming the record; a child
-that gives no verdict leaves the walk to serve itself. A short register is walked in-process.
+that gives no verdict leaves the walk to serve itself, saying why. A short register is walked
+in-process.
+
+To hold a child mid-walk, a test holds the writers' lock: the walk waits for it before it
+reads (it reads as far as the register reached when no writer was mid-append).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
+import json
 import logging
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
 from bothy.engine.audit import AuditLog
+from bothy.engine.auditfile import exclusive_lock, lock_path_for
 from bothy.engine.chaincheck import BESIDE_FROM_BYTES, ChainCheck
 from tests.fakes.model_server import ModelServer
-from tests.fakes.shell import Shell
+from tests.fakes.shell import Shell, until
 from tests.fakes.site import Site
 from tests.test_audit_repair import TAMPERS
 from tests.test_serve import SECRET, records, serve_site, start_serve
 
 _PAD = "x" * (BESIDE_FROM_BYTES // 5)  # six records of it: a register past the threshold
+_NO_MODEL = "http://127.0.0.1:9/v1"  # nothing here runs a model
+_CORES = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+          else os.cpu_count() or 1)
 
 needs_two_cores = pytest.mark.skipif(
-    len(os.sched_getaffinity(0)) < 2,
-    reason="the walk goes beside the start only where a second core can take it")
+    _CORES < 2, reason="the walk goes beside the start only where a second core can take it")
 
 
 def _long_register(path: Path) -> list[bytes]:
@@ -40,29 +52,57 @@ def _long_register(path: Path) -> list[bytes]:
 
 def _walkers() -> list[psutil.Process]:
     """This process's children walking a register (the beside check's interpreter)."""
-    return [child for child in psutil.Process().children()
-            if "bothy.engine.chaincheck" in child.cmdline()]
+    walking = []
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
+            if "bothy.engine.chaincheck" in " ".join(child.cmdline()):
+                walking.append(child)
+    return walking
+
+
+@contextlib.contextmanager
+def _held(register: Path) -> Iterator[None]:
+    """The writers' lock, held: a walk of ``register`` waits before it reads."""
+    with exclusive_lock(lock_path_for(register)):
+        yield
+
+
+async def _blocked_walker(check: ChainCheck) -> psutil.Process:
+    """The check's child, once it waits on the writers' lock (it has imported and begun)."""
+    assert check.beside
+    await until(lambda: len(_walkers()) == 1, "the walker started")
+    [walker] = _walkers()
+    await until(lambda: _opened_the_lock(walker), "the walker waiting on the lock")
+    return walker
+
+
+def _opened_the_lock(walker: psutil.Process) -> bool:
+    """Whether ``walker`` has the writers' lock file open: it waits on it from there on."""
+    with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
+        return any(f.path.endswith(".lock") for f in walker.open_files())
+    return False
 
 
 @needs_two_cores
 @pytest.mark.parametrize("variant", ["intact", *TAMPERS])
-async def test_a_long_register_is_walked_beside_and_its_verdict_is_verifys(
+async def test_a_long_register_is_walked_beside_and_says_what_audit_verify_says(
     tmp_path: Path, variant: str
 ) -> None:
-    """The child's verdict is `verify`'s, word for word, for an intact register and for every
-    tamper that stops serve."""
-    register = tmp_path / "audit.jsonl"
-    lines = _long_register(register)
+    """The verdict taken from the child is the one `bothy audit verify --json` prints, field
+    for field, for an intact register and for every tamper that stops serve."""
+    site = Site(tmp_path, _NO_MODEL)
+    lines = _long_register(site.audit_path)
     if variant != "intact":
         tamper, named = TAMPERS[variant]
-        register.write_bytes(b"".join(tamper(lines)))
-    check = ChainCheck.start(register)
+        site.audit_path.write_bytes(b"".join(tamper(lines)))
+    check = await ChainCheck.start(site.audit_path)
     assert check.beside and len(_walkers()) == 1
 
     checked = await check.checked()
+    verify = await site.bothy("audit", "verify", "--json")
 
-    assert checked.beside and checked.report == AuditLog(register).verify()
-    assert checked.report.ok == (variant == "intact")
+    assert checked.beside and checked.report.ok == (variant == "intact")
+    assert json.loads(json.dumps(dataclasses.asdict(checked.report))) == json.loads(verify.stdout)
     if variant != "intact":
         assert named in checked.report.problem
     assert not _walkers()  # the child has exited and been reaped
@@ -73,47 +113,78 @@ async def test_a_short_register_is_walked_in_process(tmp_path: Path) -> None:
     register = tmp_path / "audit.jsonl"
     AuditLog(register).append("sop", "saved", "ok", subject="sop:s1", details={"n": 1})
 
-    check = ChainCheck.start(register)
+    check = await ChainCheck.start(register)
     assert not check.beside and not _walkers()
     checked = await check.checked()
 
     assert not checked.beside and checked.report.ok and checked.report.count == 1
-    assert checked.walk_ms == checked.waited_ms
 
 
 @needs_two_cores
-async def test_a_walk_killed_beside_is_made_in_process(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(("sent", "said"), [
+    (signal.SIGKILL, "it was ended by SIGKILL"),  # the OOM killer, an operator
+    (signal.SIGRTMIN + 3, f"it was ended by signal {signal.SIGRTMIN + 3}"),  # no name of its own
+])
+async def test_a_walk_ended_beside_is_made_in_process(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, sent: int, said: str
 ) -> None:
-    """A child killed before its verdict (SIGKILL: the OOM killer, an operator) leaves serve
-    to walk the chain itself, saying why; a tampered register is still named."""
+    """A child ended before its verdict leaves serve to walk the chain itself, saying why;
+    a tampered register is still named."""
     register = tmp_path / "audit.jsonl"
     tamper, named = TAMPERS["middle record edited"]
     register.write_bytes(b"".join(tamper(_long_register(register))))
-    check = ChainCheck.start(register)
-    [walker] = _walkers()
-    walker.send_signal(signal.SIGKILL)
+    with _held(register):
+        check = await ChainCheck.start(register)
+        walker = await _blocked_walker(check)
+        walker.send_signal(sent)
+        await until(lambda: not walker.is_running() or walker.status() == psutil.STATUS_ZOMBIE,
+                    "the walker ended")
 
     with caplog.at_level(logging.WARNING, logger="bothy.engine.chaincheck"):
         checked = await check.checked()
 
     assert not checked.beside and not checked.report.ok and named in checked.report.problem
-    assert "gave no verdict: it was ended by SIGKILL" in caplog.text
-    assert "serve walks the chain itself" in caplog.text
+    assert f"gave no verdict: {said}; serve walks the chain itself" in caplog.text
+    assert not _walkers()
+
+
+@needs_two_cores
+async def test_a_start_stopped_while_it_waits_ends_the_walk_it_started(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cancelled while it waits for the verdict (serve stopped), the check ends its child and
+    reaps it, and says nothing of walking the chain itself: nobody will."""
+    register = tmp_path / "audit.jsonl"
+    _long_register(register)
+    with _held(register), caplog.at_level(logging.WARNING, logger="bothy.engine.chaincheck"):
+        check = await ChainCheck.start(register)
+        walker = await _blocked_walker(check)
+        waiting = asyncio.ensure_future(check.checked())
+        await asyncio.sleep(0)  # it waits on the child
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+        assert not walker.is_running() and not _walkers()
+    assert "gave no verdict" not in caplog.text
 
 
 @needs_two_cores
 async def test_closing_a_check_nobody_takes_ends_its_walk(tmp_path: Path) -> None:
     """A start that fails before its check (a config error, another serve's lock) ends the
-    child and reaps it: nothing walks on after serve has gone."""
+    child and reaps it, mid-walk; a verdict is taken once."""
     register = tmp_path / "audit.jsonl"
     _long_register(register)
-    check = ChainCheck.start(register)
-    [walker] = _walkers()
+    with _held(register):
+        check = await ChainCheck.start(register)
+        walker = await _blocked_walker(check)
 
-    check.close()
+        await check.close()
 
-    assert not walker.is_running() and not _walkers()
+        assert not walker.is_running() and not _walkers()
+    await check.checked()  # (closed: walked here)
+    with pytest.raises(RuntimeError, match="taken already"):
+        await check.checked()
 
 
 @pytest.mark.codex
@@ -122,8 +193,8 @@ async def test_serve_on_a_long_tampered_register_exits_78_naming_the_record(
     tmp_path: Path,
 ) -> None:
     """The walk beside the start stops serve as the in-process one does: exit 78 naming the
-    record and what to do, and not one byte appended."""
-    site = Site(tmp_path, "http://127.0.0.1:9/v1")  # nothing here runs a model
+    record and what to do, and not one byte appended; the verdict is the child's."""
+    site = Site(tmp_path, _NO_MODEL)
     tamper, named = TAMPERS["records swapped"]
     site.audit_path.write_bytes(b"".join(tamper(_long_register(site.audit_path))))
     broken = site.audit_path.read_bytes()
@@ -132,6 +203,7 @@ async def test_serve_on_a_long_tampered_register_exits_78_naming_the_record(
 
     assert serve.code == 78, serve.stderr
     assert named in serve.stderr and "bothy audit repair" in serve.stderr, serve.stderr
+    assert "gave no verdict" not in serve.stderr, serve.stderr
     assert site.audit_path.read_bytes() == broken
 
 
@@ -153,4 +225,5 @@ async def test_serve_on_a_long_register_says_its_walk_was_made_beside(
 
     details = starting.details
     assert details["chain_verified"] == 6 and details["chain_beside"] is True
-    assert details["chain_waited_ms"] >= 0 and details["chain_verify_ms"] >= 0
+    assert type(details["chain_verify_ms"]) is int and type(details["chain_waited_ms"]) is int
+    assert 0 <= details["chain_waited_ms"] < 30_000

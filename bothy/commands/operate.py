@@ -216,7 +216,7 @@ async def cmd_daemon(args: argparse.Namespace) -> int:
     # First of all, the register's walk: on a second core, beside the imports below, when
     # the register is long enough to gain (engine/chaincheck.py).
     home = BothyHome.from_env()
-    chain = ChainCheck.start(home.audit_path)
+    chain = await ChainCheck.start(home.audit_path)
     try:
         import asyncio
 
@@ -233,4 +233,4 @@ async def cmd_daemon(args: argparse.Namespace) -> int:
         await asyncio.wrap_future(trusted)  # before the daemon can open a TLS connection
         return await Daemon(home, cfg, chain=chain).serve()
     finally:
-        chain.close()  # a start that failed before its check: the walk is nobody's
+        await chain.close()  # a start that failed before its check: the walk is nobody's

@@ -6,40 +6,54 @@ Python on one core (a JSON decode and a sha256 for each record): here ~285 ms fo
 of a busy site's register (25 MB, 36,600 records), and it grows with the register. The rest
 of the start, its imports above all, takes as long again on the same core, and neither can
 run beside the other in one interpreter. So `bothy serve` first of all starts the walk in a
-child interpreter (``python -m bothy.engine.chaincheck REGISTER``) that imports only the
-register's reading modules, and takes its verdict where it would have made the walk itself:
-on a machine with a second core the walk is done beside the imports.
+child interpreter that imports only the register's reading modules (and a few of the standard
+library's), and takes its verdict where it would have made the walk itself: on a machine with
+a second core the walk is done beside the imports.
 
-The child makes the same walk as every other reader (:func:`verify_register`), reads only,
-and prints its verdict as one line of JSON. If it gives none (it was killed, it crashed, its
-line is not a verdict), serve logs why and walks the chain itself, as before: a start never
-goes without the check. A register under :data:`BESIDE_FROM_BYTES`, or a machine with one
-core, keeps the walk in-process: there a child's interpreter would cost more than it saves.
+The child runs the very ``bothy`` the serve runs (its package directory first on the child's
+path, the working directory left off it: ``-P``), makes the same walk as every other reader
+(:func:`verify_register`), reads only, and prints its verdict as one line of JSON. If it gives
+none (it was killed, it crashed, it took longer than :func:`_patience_s`, its line is not a
+verdict), serve logs why and walks the chain itself, as before: a start never goes without the
+check. A register under :data:`BESIDE_FROM_BYTES`, or a machine with one core, keeps the walk
+in-process: there a child's interpreter would cost more than it saves.
 
-Whichever made it, the verdict is of the register as the walk read it. What another process
-appends afterwards is checked by serve's first append, as every writer checks what was
-appended since the checkpoint (engine/auditwriter.py).
+Whichever made it, the verdict is of the register as the walk read it, a few hundred
+milliseconds before serve's first record at most. What another process appends meanwhile is
+checked by serve's first append, as every writer checks what was appended since the checkpoint
+(engine/auditwriter.py). A serve killed while it waits leaves its child to end its read and
+exit on its own (it writes nothing; a service manager stopping the unit ends it with serve).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
-import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import bothy
 from bothy.engine.auditchain import Fault, VerifyReport
 from bothy.engine.auditsegments import verify_register
+from bothy.exitcodes import ExitCode
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["BESIDE_FROM_BYTES", "ChainCheck", "Checked"]
 
 BESIDE_FROM_BYTES = 1 << 20  # 1 MiB: ~1,500 records, a walk of ~15 ms here
+
+# The child: the serve's own bothy first on its path (argv[1]), then main(register).
+_CHILD = ("import sys; sys.path.insert(0, sys.argv[1]);"
+          " from bothy.engine.chaincheck import main; sys.exit(main(sys.argv[2:]))")
+_BOTHY_ROOT = str(Path(bothy.__file__).resolve().parent.parent)
 
 _log = logging.getLogger(__name__)
 
@@ -50,22 +64,24 @@ class Checked:
 
     report: VerifyReport
     walk_ms: float  # the walk itself, wherever it ran
-    waited_ms: float  # how long the start waited for it (the walk, when made in-process)
+    waited_ms: float  # how long the start waited for the verdict, from asking for it
     beside: bool  # a process of its own made the walk
 
 
 class ChainCheck:
-    """The walk of one register, started beside the start when that gains (:meth:`start`)."""
+    """The walk of one register, started beside the start when that gains (:meth:`start`);
+    its verdict taken once (:meth:`checked`), or the walk ended unread (:meth:`close`)."""
 
-    def __init__(self, register: Path, process: subprocess.Popen[bytes] | None) -> None:
-        self._register = register
-        self._process = process
+    def __init__(self, register: Path, child: asyncio.subprocess.Process | None) -> None:
+        self.register = register
+        self._child = child
+        self._taken = False
 
     @classmethod
-    def start(cls, register: Path) -> ChainCheck:
+    async def start(cls, register: Path) -> ChainCheck:
         """Start the walk of ``register`` in a child when it is large enough and a second
         core can take it; otherwise :meth:`checked` walks it in-process."""
-        return cls(register, _spawned(register) if _worth_a_process(register) else None)
+        return cls(register, await _spawned(register) if _worth_a_process(register) else None)
 
     @classmethod
     def in_process(cls, register: Path) -> ChainCheck:
@@ -75,36 +91,32 @@ class ChainCheck:
     @property
     def beside(self) -> bool:
         """Whether a child is making the walk."""
-        return self._process is not None
+        return self._child is not None
 
     async def checked(self) -> Checked:
         """The verdict: the child's, or, when there is no child or it gave none, the walk
-        made here (in a thread: the event loop goes on)."""
+        made here (in a thread: the event loop goes on). Taken once."""
         import asyncio  # serve's already; the child, which only walks, goes without it
 
-        waiting = time.perf_counter()
-        process, self._process = self._process, None  # taken: close() leaves it to us
-        if process is not None:
-            try:
-                verdict = await asyncio.to_thread(_verdict_of, process, self._register)
-            except BaseException:  # cancelled: the thread waiting on it is freed, and reaps it
-                process.kill()
-                raise
+        if self._taken:
+            raise RuntimeError(f"the check of {self.register} was taken already")
+        self._taken = True
+        asked = time.perf_counter()
+        child, self._child = self._child, None
+        if child is not None:
+            verdict = await _verdict_of(child, self.register)
             if verdict is not None:
                 report, walk_ms = verdict
-                return Checked(report, walk_ms, _ms_since(waiting), beside=True)
-        report = await asyncio.to_thread(verify_register, self._register)
-        elapsed_ms = _ms_since(waiting)
-        return Checked(report, elapsed_ms, elapsed_ms, beside=False)
+                return Checked(report, walk_ms, _ms_since(asked), beside=True)
+        walking = time.perf_counter()
+        report = await asyncio.to_thread(verify_register, self.register)
+        return Checked(report, _ms_since(walking), _ms_since(asked), beside=False)
 
-    def close(self) -> None:
-        """End a child whose verdict nobody will take (serve stopped before its check)."""
-        process, self._process = self._process, None
-        if process is None:
-            return
-        if process.poll() is None:
-            process.kill()
-        process.communicate()  # reaped, and its pipes closed
+    async def close(self) -> None:
+        """End a child whose verdict nobody took (a start that failed before its check)."""
+        child, self._child = self._child, None
+        if child is not None:
+            await _ended(child)
 
 
 def _worth_a_process(register: Path) -> bool:
@@ -117,38 +129,85 @@ def _worth_a_process(register: Path) -> bool:
 
 def _cores() -> int:
     """The cores this process may run on (its affinity, where the platform says)."""
+    import os
+
     affinity = getattr(os, "sched_getaffinity", None)
     return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
 
 
-def _spawned(register: Path) -> subprocess.Popen[bytes] | None:
+def _patience_s(register: Path) -> float:
+    """How long a child may walk: a minute, and a second more per MB (the walk reads ~100 MB
+    a second here); past it, serve takes the walk back."""
     try:
-        return subprocess.Popen(
-            [sys.executable, "-m", __name__, str(register)], stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    except OSError as exc:
+        return 60.0 + register.stat().st_size / 1e6
+    except OSError:
+        return 60.0
+
+
+async def _spawned(register: Path) -> asyncio.subprocess.Process | None:
+    import asyncio
+
+    try:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-P", "-c", _CHILD, _BOTHY_ROOT, str(register),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+    except (OSError, ValueError, TypeError) as exc:  # (no interpreter to name: TypeError)
         _log.warning("the register's check could not start beside the start (%s); serve walks"
-                     " it itself", exc)
+                     " the chain itself", exc)
         return None
 
 
-def _verdict_of(
-    process: subprocess.Popen[bytes], register: Path
+async def _verdict_of(
+    child: asyncio.subprocess.Process, register: Path
 ) -> tuple[VerifyReport, float] | None:
-    """The child's verdict and its walk's time (ms), or None (logged) when it gave none."""
-    out, err = process.communicate()
-    code = process.returncode
-    why = (None if code == 0 else f"it was ended by {signal.Signals(-code).name}" if code < 0
-           else f"it exited with code {code}")
-    if why is None:
-        try:
-            return _decoded(out)
-        except (ValueError, KeyError, TypeError) as exc:
-            why = f"its answer is not a verdict ({exc})"
+    """The child's verdict and its walk's time (ms), or None (logged) when it gave none.
+    Cancelled, it ends the child first."""
+    import asyncio
+
+    patience_s = _patience_s(register)
+    try:
+        async with asyncio.timeout(patience_s):
+            out, err = await child.communicate()
+    except TimeoutError:
+        await _ended(child)
+        why, err = f"it had not answered after {patience_s:.0f} s", b""
+    except BaseException:
+        await asyncio.shield(_ended(child))
+        raise
+    else:
+        exited = _exit_problem(child.returncode)
+        if exited is not None:
+            why = exited
+        else:
+            try:
+                return _decoded(out)
+            except (ValueError, KeyError, TypeError) as exc:
+                why = f"its answer is not a verdict ({exc})"
     tail = err.decode("utf-8", "replace").strip()[-300:]
     _log.warning("the check of %s made beside the start gave no verdict: %s%s; serve walks the"
                  " chain itself", register, why, f" ({tail})" if tail else "")
     return None
+
+
+async def _ended(child: asyncio.subprocess.Process) -> None:
+    """Kill ``child`` unless it has exited, and reap it."""
+    if child.returncode is None:
+        with contextlib.suppress(ProcessLookupError):  # exited just now: reaped below
+            child.kill()
+    await child.wait()
+
+
+def _exit_problem(code: int | None) -> str | None:
+    """What the child's exit says went wrong; None for a clean exit."""
+    if code == 0:
+        return None
+    if code is None or code > 0:
+        return f"it exited with code {code}"
+    try:
+        return f"it was ended by {signal.Signals(-code).name}"
+    except ValueError:  # a signal the enum does not name (a real-time one)
+        return f"it was ended by signal {-code}"
 
 
 # -- the verdict's line, between the child and serve -------------------------------------
@@ -162,11 +221,29 @@ def _encoded(report: VerifyReport, walk_ms: float) -> str:
 
 
 def _decoded(out: bytes) -> tuple[VerifyReport, float]:
+    """The child's line as a verdict; ValueError, KeyError or TypeError when it is not one."""
     answer = json.loads(out)
     fields = dict(answer["report"])
+    _expect(fields, {"ok": (bool,), "count": (int,), "first_bad_seq": (int, type(None)),
+                     "line_no": (int, type(None)), "problem": (str,),
+                     "fault": (str, type(None)), "last_seq": (int,), "last_hash": (str,),
+                     "repaired_at": (list,)})
     fields["fault"] = Fault(fields["fault"]) if fields["fault"] is not None else None
     fields["repaired_at"] = tuple(fields["repaired_at"])
-    return VerifyReport(**fields), float(answer["walk_ms"])
+    if not all(type(seq) is int for seq in fields["repaired_at"]):
+        raise TypeError("repaired_at holds something other than record numbers")
+    walk_ms = answer["walk_ms"]
+    if type(walk_ms) not in (int, float):
+        raise TypeError(f"walk_ms is {type(walk_ms).__name__}, not a number")
+    return VerifyReport(**fields), float(walk_ms)
+
+
+def _expect(fields: dict[str, Any], kinds: dict[str, tuple[type, ...]]) -> None:
+    if set(fields) != set(kinds):
+        raise KeyError(f"fields {sorted(fields)}, not {sorted(kinds)}")
+    for name, allowed in kinds.items():
+        if type(fields[name]) not in allowed:
+            raise TypeError(f"{name} is {type(fields[name]).__name__}")
 
 
 def _ms_since(started: float) -> float:
@@ -174,15 +251,12 @@ def _ms_since(started: float) -> float:
 
 
 def main(argv: list[str]) -> int:
-    """The child: walk the register named in ``argv``, print the verdict as one line."""
+    """The child (see ``_CHILD``): walk the register named in ``argv``, print the verdict as
+    one line. Its exit code is read by :func:`_verdict_of` alone."""
     if len(argv) != 1:
-        print("usage: python -m bothy.engine.chaincheck REGISTER", file=sys.stderr)
-        return 2
+        print("usage: the register's path, the only argument", file=sys.stderr)
+        return ExitCode.USAGE
     started = time.perf_counter()
     report = verify_register(Path(argv[0]))
     print(_encoded(report, _ms_since(started)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    return ExitCode.OK
