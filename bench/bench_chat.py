@@ -162,8 +162,9 @@ async def _slack_serve(root: Path, model: Any, slack: Any, slack_cold: Any,
         code = await serve.stop()
     figure("start → serve ready, Slack connected (ms)", serve.ready_s * 1000, "ms",
            SLACK_READY_TARGET_MS, higher_is_better=False)
-    _note(f"spawn → `serve starting` (interpreter, imports) {serve.starting_s * 1000:.0f} ms;"
-          " starting → ready (state, recovery, listeners, Slack)"
+    _note(f"spawn → `serve starting` (interpreter, imports, the chat library's among them,"
+          f" state, the register's check) {serve.starting_s * 1000:.0f} ms;"
+          " starting → ready (recovery, listeners, Slack's connection)"
           f" {(serve.ready_s - serve.starting_s) * 1000:.0f} ms")
     figure(f"idle VmRSS of serve after {IDLE_S:g} s (MB = 10^6 B; issue 5's target)", idle_mb,
            "MB", SLACK_RSS_TARGET_MB, higher_is_better=False)

@@ -138,11 +138,12 @@ class _Starts:
         connecting = [r - s for r, s in zip(self.ready_ms, self.starting_ms, strict=True)]
         _note(f"{what}: {_list(self.ready_ms)} ms; bare `python -c pass` {median(bare_ms):.0f}"
               " ms spawned the same way")
-        _note(f"spawn → `serve starting` (interpreter, imports, config, state) median"
+        _note(f"spawn → `serve starting` (interpreter, imports, the chat libraries' among"
+              " them, config, state, the register's check) median"
               f" {median(self.starting_ms):.0f} ms; starting → ready (recovery, listeners,"
-              f" chat) {median(connecting):.0f} ms")
-        _note(f"serve's own CPU time by ready, median {median(self.cpu_ms):.0f} ms, the"
-              " register's check in a process of its own included (less"
+              f" chat connections) {median(connecting):.0f} ms")
+        _note(f"serve's own CPU time by ready, median {median(self.cpu_ms):.0f} ms, with its"
+              " children's (the register's check, when a process of its own made it) (less"
               " sensitive to a loaded machine than the wall clock), of which its main thread"
               f" {median(self.main_cpu_ms):.0f} ms (the way to ready: the CA store loads in a"
               " thread beside it); the bench's own CPU (the fakes, the polls)"
