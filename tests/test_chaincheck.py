@@ -41,7 +41,7 @@ needs_two_cores = pytest.mark.skipif(
     _CORES < 2, reason="the walk goes beside the start only where a second core can take it")
 
 
-def _long_register(path: Path) -> list[bytes]:
+def long_register(path: Path) -> list[bytes]:
     """Six records (the tamper variants' shape), long enough to be walked beside; its lines."""
     log = AuditLog(path)
     for n in range(1, 7):
@@ -50,7 +50,7 @@ def _long_register(path: Path) -> list[bytes]:
     return path.read_bytes().splitlines(keepends=True)
 
 
-def _walkers() -> list[psutil.Process]:
+def walkers() -> list[psutil.Process]:
     """This process's children walking a register (the beside check's interpreter)."""
     walking = []
     for child in psutil.Process().children():
@@ -61,7 +61,7 @@ def _walkers() -> list[psutil.Process]:
 
 
 @contextlib.contextmanager
-def _held(register: Path) -> Iterator[None]:
+def held(register: Path) -> Iterator[None]:
     """The writers' lock, held: a walk of ``register`` waits before it reads."""
     with exclusive_lock(lock_path_for(register)):
         yield
@@ -70,13 +70,13 @@ def _held(register: Path) -> Iterator[None]:
 async def _blocked_walker(check: ChainCheck) -> psutil.Process:
     """The check's child, once it waits on the writers' lock (it has imported and begun)."""
     assert check.beside
-    await until(lambda: len(_walkers()) == 1, "the walker started")
-    [walker] = _walkers()
-    await until(lambda: _opened_the_lock(walker), "the walker waiting on the lock")
+    await until(lambda: len(walkers()) == 1, "the walker started")
+    [walker] = walkers()
+    await until(lambda: opened_the_lock(walker), "the walker waiting on the lock")
     return walker
 
 
-def _opened_the_lock(walker: psutil.Process) -> bool:
+def opened_the_lock(walker: psutil.Process) -> bool:
     """Whether ``walker`` has the writers' lock file open: it waits on it from there on."""
     with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
         return any(f.path.endswith(".lock") for f in walker.open_files())
@@ -91,12 +91,12 @@ async def test_a_long_register_is_walked_beside_and_says_what_audit_verify_says(
     """The verdict taken from the child is the one `bothy audit verify --json` prints, field
     for field, for an intact register and for every tamper that stops serve."""
     site = Site(tmp_path, _NO_MODEL)
-    lines = _long_register(site.audit_path)
+    lines = long_register(site.audit_path)
     if variant != "intact":
         tamper, named = TAMPERS[variant]
         site.audit_path.write_bytes(b"".join(tamper(lines)))
     check = await ChainCheck.start(site.audit_path)
-    assert check.beside and len(_walkers()) == 1
+    assert check.beside and len(walkers()) == 1
 
     checked = await check.checked()
     verify = await site.bothy("audit", "verify", "--json")
@@ -105,7 +105,7 @@ async def test_a_long_register_is_walked_beside_and_says_what_audit_verify_says(
     assert json.loads(json.dumps(dataclasses.asdict(checked.report))) == json.loads(verify.stdout)
     if variant != "intact":
         assert named in checked.report.problem
-    assert not _walkers()  # the child has exited and been reaped
+    assert not walkers()  # the child has exited and been reaped
 
 
 async def test_a_short_register_is_walked_in_process(tmp_path: Path) -> None:
@@ -114,7 +114,7 @@ async def test_a_short_register_is_walked_in_process(tmp_path: Path) -> None:
     AuditLog(register).append("sop", "saved", "ok", subject="sop:s1", details={"n": 1})
 
     check = await ChainCheck.start(register)
-    assert not check.beside and not _walkers()
+    assert not check.beside and not walkers()
     checked = await check.checked()
 
     assert not checked.beside and checked.report.ok and checked.report.count == 1
@@ -132,8 +132,8 @@ async def test_a_walk_ended_beside_is_made_in_process(
     a tampered register is still named."""
     register = tmp_path / "audit.jsonl"
     tamper, named = TAMPERS["middle record edited"]
-    register.write_bytes(b"".join(tamper(_long_register(register))))
-    with _held(register):
+    register.write_bytes(b"".join(tamper(long_register(register))))
+    with held(register):
         check = await ChainCheck.start(register)
         walker = await _blocked_walker(check)
         walker.send_signal(sent)
@@ -145,7 +145,7 @@ async def test_a_walk_ended_beside_is_made_in_process(
 
     assert not checked.beside and not checked.report.ok and named in checked.report.problem
     assert f"gave no verdict: {said}; serve walks the chain itself" in caplog.text
-    assert not _walkers()
+    assert not walkers()
 
 
 @needs_two_cores
@@ -155,8 +155,8 @@ async def test_a_start_stopped_while_it_waits_ends_the_walk_it_started(
     """Cancelled while it waits for the verdict (serve stopped), the check ends its child and
     reaps it, and says nothing of walking the chain itself: nobody will."""
     register = tmp_path / "audit.jsonl"
-    _long_register(register)
-    with _held(register), caplog.at_level(logging.WARNING, logger="bothy.engine.chaincheck"):
+    long_register(register)
+    with held(register), caplog.at_level(logging.WARNING, logger="bothy.engine.chaincheck"):
         check = await ChainCheck.start(register)
         walker = await _blocked_walker(check)
         waiting = asyncio.ensure_future(check.checked())
@@ -165,7 +165,7 @@ async def test_a_start_stopped_while_it_waits_ends_the_walk_it_started(
         with pytest.raises(asyncio.CancelledError):
             await waiting
 
-        assert not walker.is_running() and not _walkers()
+        assert not walker.is_running() and not walkers()
     assert "gave no verdict" not in caplog.text
 
 
@@ -174,14 +174,14 @@ async def test_closing_a_check_nobody_takes_ends_its_walk(tmp_path: Path) -> Non
     """A start that fails before its check (a config error, another serve's lock) ends the
     child and reaps it, mid-walk; a verdict is taken once."""
     register = tmp_path / "audit.jsonl"
-    _long_register(register)
-    with _held(register):
+    long_register(register)
+    with held(register):
         check = await ChainCheck.start(register)
         walker = await _blocked_walker(check)
 
         await check.close()
 
-        assert not walker.is_running() and not _walkers()
+        assert not walker.is_running() and not walkers()
     await check.checked()  # (closed: walked here)
     with pytest.raises(RuntimeError, match="taken already"):
         await check.checked()
@@ -196,7 +196,7 @@ async def test_serve_on_a_long_tampered_register_exits_78_naming_the_record(
     record and what to do, and not one byte appended; the verdict is the child's."""
     site = Site(tmp_path, _NO_MODEL)
     tamper, named = TAMPERS["records swapped"]
-    site.audit_path.write_bytes(b"".join(tamper(_long_register(site.audit_path))))
+    site.audit_path.write_bytes(b"".join(tamper(long_register(site.audit_path))))
     broken = site.audit_path.read_bytes()
 
     serve = await site.bothy("serve", timeout_s=30)
@@ -216,7 +216,7 @@ async def test_serve_on_a_long_register_says_its_walk_was_made_beside(
     how long serve waited for it, and that a process of its own made it."""
     monkeypatch.setenv("GH_SECRET", SECRET)
     site = serve_site(tmp_path, server)
-    _long_register(site.audit_path)
+    long_register(site.audit_path)
 
     async with Shell(site) as shell:
         serving = await start_serve(shell)

@@ -22,6 +22,13 @@ from bothy.engine.headpublisher import HeadPublisher
 from tests.fakes.shell import Shell, audit_records, until
 from tests.fakes.site import Site
 from tests.fakes.slack import FakeSlack, slack_environment
+from tests.test_chaincheck import (
+    held,
+    long_register,
+    needs_two_cores,
+    opened_the_lock,
+    walkers,
+)
 from tests.test_serve import free_port, start_serve
 
 POSTED = re.compile(r"head (\d{4}) ([0-9a-f]{64})")
@@ -157,6 +164,32 @@ async def test_a_register_broken_at_the_due_time_is_not_published_over(tmp_path:
                           " register is broken: record 0002 was altered: its hash does not"
                           " match its content (line 2)"]
     assert b'"event":"head"' not in log.path.read_bytes()
+
+
+@needs_two_cores
+async def test_a_long_registers_head_is_verified_by_a_process_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """The daily walk of a long register runs beside serve, not on its event loop's core: a
+    child walks it (held here mid-walk on the writers' lock), and the head it verified is
+    the one recorded and posted."""
+    start = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+    days = Days(start - timedelta(days=30), stop_after_posts=1)
+    log = AuditLog(tmp_path / "audit.jsonl", clock=days.clock)
+    long_register(log.path)
+    days.now = start
+
+    with held(log.path):
+        publishing = asyncio.ensure_future(_publisher(log, days, routed=True).run(days.stop))
+        await until(lambda: len(walkers()) == 1 and opened_the_lock(walkers()[0]),
+                    "a walker waiting on the lock")
+    async with asyncio.timeout(10):
+        await publishing
+
+    [head] = _heads(log)
+    assert (head.details["seq"], head.details["hash"]) == (6, _hash_of(log, 6))
+    assert days.posts == [f"! **INFO** `acme-mini` — the register: head 0006 {_hash_of(log, 6)}"]
+    assert not walkers()
 
 
 # --- through a real `bothy serve` ------------------------------------------------------------

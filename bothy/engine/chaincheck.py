@@ -1,5 +1,5 @@
-"""The whole register verified for `bothy serve`'s start, beside the start, in a process of
-its own (issue 18).
+"""The whole register verified for `bothy serve` in a process of its own, beside its start
+and beside its event loop (issue 18).
 
 `bothy serve` verifies the whole chain before its first record (docs/AUDIT.md). The walk is
 Python on one core (a JSON decode and a sha256 for each record): here ~285 ms for half a year
@@ -17,6 +17,9 @@ none (it was killed, it crashed, it took longer than :func:`_patience_s`, its li
 verdict), serve logs why and walks the chain itself, as before: a start never goes without the
 check. A register under :data:`BESIDE_FROM_BYTES`, or a machine with one core, keeps the walk
 in-process: there a child's interpreter would cost more than it saves.
+
+The daily head (engine/headpublisher.py) walks the chain the same way: a long register's walk
+then leaves serve's core to its event loop instead of taking turns with it for the GIL.
 
 Whichever made it, the verdict is of the register as the walk read it, a few hundred
 milliseconds before serve's first record at most. What another process appends meanwhile is

@@ -30,6 +30,7 @@ from bothy.clock import Clock
 from bothy.engine.alerts import Alerts
 from bothy.engine.audit import AuditLog
 from bothy.engine.auditrecord import parse_line
+from bothy.engine.chaincheck import ChainCheck
 from bothy.errors import BothyError
 from bothy.waits import first_of
 
@@ -80,9 +81,13 @@ class HeadPublisher:
         return (since or self._clock()) + EVERY
 
     async def publish(self) -> None:
-        """Verify the whole chain; record its head and post it (or say the chain is broken)."""
+        """Verify the whole chain; record its head and post it (or say the chain is broken).
+
+        A long register is walked by a process of its own (engine/chaincheck.py), so that
+        serve's event loop keeps its core while the walk takes the other."""
         try:
-            report = await asyncio.to_thread(self._audit.verify)
+            check = await ChainCheck.start(self._audit.path)
+            report = (await check.checked()).report
             if not report.ok:
                 await self._tell(f"not published: the register is broken: {report.problem}",
                                  level="critical")
