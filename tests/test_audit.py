@@ -606,6 +606,36 @@ def test_records_filtered_by_kind_and_time_are_those_a_full_read_would_keep(
     assert [r.details.get("n") for r in log.records(kinds=("run",))] == [1, 4, 7, None]
 
 
+def test_a_recent_stretch_is_read_by_the_stamps_bytes_as_a_full_read_would_keep_it(
+    tmp_path: Path,
+) -> None:
+    """records(since=...) passes over older lines of the current file by their stamp's bytes
+    (UTC to the microsecond compares as text), and returns exactly what a full read then a
+    filter would: at a record's own instant (kept), between two, in another time zone, with
+    kinds, and beside lines whose stamp is in another form (another offset, no microseconds),
+    which are read as times, not text."""
+    log = AuditLog(tmp_path / "audit.jsonl", clock=_SteppingClock(), events=_FORMAT_EVENTS)
+    for n in range(12):
+        kind, event = [("wake", "received"), ("run", "admitted"), ("test", "written")][n % 3]
+        log.append(kind, event, "ok", subject=f"pr:{n}", details={"n": n})
+    lines = _read_lines(log)
+    for index, other in ((3, timezone(timedelta(hours=2))), (8, timezone(timedelta(hours=-7)))):
+        stamp = json.loads(lines[index])["ts"]
+        moved = datetime.fromisoformat(stamp).astimezone(other).isoformat()
+        lines[index] = lines[index].replace(stamp.encode(), moved.encode())
+    stamp = json.loads(lines[6])["ts"]  # 10:14:08.118734 → 10:14:08, a second form
+    lines[6] = lines[6].replace(stamp.encode(), stamp[:19].encode() + b"+00:00")
+    _write_lines(log, lines)
+
+    every = list(log.records())
+    assert every[3].ts.utcoffset() == timedelta(hours=2) and every[6].ts.microsecond == 0
+    for moment in (FIXED_TS + timedelta(seconds=s) for s in (0, 3, 4.5, 6, 7, 8, 11, 12)):
+        for at in (moment, moment.astimezone(timezone(timedelta(hours=5, minutes=30)))):
+            assert list(log.records(since=at)) == [r for r in every if r.ts >= at]
+            assert list(log.records(since=at, kinds=("run", "test"))) == [
+                r for r in every if r.ts >= at and r.kind in ("run", "test")]
+
+
 async def test_concurrent_writers_of_every_kind_keep_one_chain_in_seq_order(
     tmp_path: Path,
 ) -> None:

@@ -55,10 +55,12 @@ from bothy.engine.auditrecord import (
     AuditRecord,
     canonical_details_json,
     flat_details,
+    format_ts,
     head_of,
     names_json,
     parse_line,
     quote,
+    stamped_before,
 )
 from bothy.engine.auditsegments import (
     REPAIR_EVENT,
@@ -253,6 +255,11 @@ class AuditLog:
         self, path: Path, stop_after: int | None, wanted: _Wanted
     ) -> Iterator[AuditRecord]:
         last_seq = 0
+        # A reader of a recent stretch of the current file passes over what came before by
+        # the stamp's bytes alone (a kept segment's reader needs each line's seq).
+        cutoff = (format_ts(wanted.since).encode("ascii")
+                  if wanted.since is not None and stop_after is None
+                  else None)
         for line_no, raw in file_lines(path, self._lock_path):
             if stop_after is not None and last_seq >= stop_after:
                 return  # the rest of a kept segment was set aside by the repair
@@ -260,6 +267,8 @@ class AuditLog:
                 raise AuditIntegrityError(
                     f"Cannot read {path}: line {line_no} is truncated", line_no=line_no
                 )
+            if cutoff is not None and stamped_before(raw, cutoff):
+                continue
             head = head_of(raw) if wanted.by_head else None
             if head is not None and not wanted.head(head[1], head[2]):
                 if stop_after is not None and head[0] > stop_after:

@@ -51,6 +51,7 @@ __all__ = [
     "quote",
     "serialise_body",
     "serialise_chained",
+    "stamped_before",
     "with_hash",
 ]
 
@@ -63,6 +64,7 @@ _HASH_PREFIX = b',"hash":"'
 _HASH_FIELD_LEN = len(_HASH_PREFIX) + 64 + len(b'"}')  # 75 bytes at the end of every line
 _HASH_FIELD = re.compile(rb',"hash":"([0-9a-f]{64})"\}')
 _HEAD = re.compile(rb'\{"seq":([0-9]{1,18}),"ts":"([^"\\]{1,64})","kind":"([^"\\]{1,64})",')
+_TS_LEN = len("2026-09-24T10:14:02.118734+00:00")  # format_ts's form
 _DECODER = json.JSONDecoder()
 # One encoder, built once: json.dumps with any option builds a new one on every call.
 _CANONICAL = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), sort_keys=True,
@@ -135,6 +137,22 @@ def head_of(line: bytes) -> tuple[int, datetime, str] | None:
     if ts.tzinfo is None:
         return None
     return int(head[1]), ts, head[3].decode("ascii")
+
+
+def stamped_before(line: bytes, cutoff: bytes) -> bool | None:
+    """Whether a line's head says it was stamped before ``cutoff`` (a time in
+    :func:`format_ts`'s form, as bytes), read from the bytes alone: two stamps in that form
+    (UTC, to the microsecond) compare as bytes as their times do. None when the line does not
+    begin as a canonical record does, or its stamp is in another form: :func:`head_of` and
+    the full parse judge it then. What a reader of a recent stretch of a long register asks
+    of every line before it (the decoding and parsing of each stamp was most of that read)."""
+    head = _HEAD.match(line)
+    if head is None:
+        return None
+    ts = head[2]
+    if len(ts) != _TS_LEN or not ts.endswith(b"+00:00"):
+        return None
+    return ts < cutoff
 
 
 def parse_fields(line: bytes) -> dict[str, Any] | str:
