@@ -50,10 +50,11 @@ def long_register(path: Path) -> list[bytes]:
     return path.read_bytes().splitlines(keepends=True)
 
 
-def walkers() -> list[psutil.Process]:
-    """This process's children walking a register (the beside check's interpreter)."""
+def walkers(parent: int | None = None) -> list[psutil.Process]:
+    """The children of this process (or of ``parent``) walking a register (the beside
+    check's interpreter)."""
     walking = []
-    for child in psutil.Process().children():
+    for child in psutil.Process(parent).children():
         with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
             if "bothy.engine.chaincheck" in " ".join(child.cmdline()):
                 walking.append(child)
@@ -227,3 +228,33 @@ async def test_serve_on_a_long_register_says_its_walk_was_made_beside(
     assert details["chain_verified"] == 6 and details["chain_beside"] is True
     assert type(details["chain_verify_ms"]) is int and type(details["chain_waited_ms"]) is int
     assert 0 <= details["chain_waited_ms"] < 30_000
+
+
+@pytest.mark.codex
+@needs_two_cores
+async def test_serve_whose_walker_is_killed_walks_the_chain_itself_and_starts(
+    server: ModelServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real serve's walker SIGKILLed mid-walk (held on the writers' lock): serve says why on
+    its standard error, walks the chain itself, starts, and its `serve starting` says the walk
+    was its own."""
+    monkeypatch.setenv("GH_SECRET", SECRET)
+    site = serve_site(tmp_path, server)
+    long_register(site.audit_path)
+
+    async with Shell(site) as shell:
+        with held(site.audit_path):
+            command = await shell.start("serve")
+            await until(lambda: len(walkers(command.pid)) == 1
+                        and opened_the_lock(walkers(command.pid)[0]), "serve's walker waiting")
+            walkers(command.pid)[0].send_signal(signal.SIGKILL)
+        await until(lambda: bool(records(site, "serve", "ready")) or not command.running,
+                    "`bothy serve` ready")
+        command.signal(signal.SIGTERM)
+        done = await command.finish()
+
+    assert done.code == 0, done.stderr
+    assert ("made beside the start gave no verdict: it was ended by SIGKILL; serve walks the"
+            " chain itself") in done.stderr
+    [starting] = records(site, "serve", "starting")
+    assert starting.details["chain_beside"] is False and starting.details["chain_verified"] == 6
