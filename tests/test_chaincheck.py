@@ -258,3 +258,26 @@ async def test_serve_whose_walker_is_killed_walks_the_chain_itself_and_starts(
             " chain itself") in done.stderr
     [starting] = records(site, "serve", "starting")
     assert starting.details["chain_beside"] is False and starting.details["chain_verified"] == 6
+
+
+@pytest.mark.codex
+@needs_two_cores
+async def test_a_second_serve_refused_by_the_lock_leaves_no_walker_behind(
+    server: ModelServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second `bothy serve` on a long register starts its walk before it meets the first
+    one's lock: it exits 75, and the walker it started (held mid-walk) ends with it."""
+    monkeypatch.setenv("GH_SECRET", SECRET)
+    site = serve_site(tmp_path, server)
+    long_register(site.audit_path)
+
+    async with Shell(site) as shell:
+        first = await start_serve(shell)
+        with held(site.audit_path):
+            second = await shell.bothy("serve")
+            left = [p for p in psutil.process_iter(["cmdline"])
+                    if str(site.audit_path) in " ".join(p.info["cmdline"] or ())]
+        assert await first.stop() == 0
+
+    assert second.code == 75, second
+    assert left == []
