@@ -43,7 +43,7 @@ from bothy.engine.chaincheck import ChainCheck, Checked
 from bothy.engine.headpublisher import HeadPublisher
 from bothy.engine.procgroup import process_start_time
 from bothy.engine.questions import QuestionBoard
-from bothy.errors import AuditIntegrityError, BothyError, ConfigError, StateError
+from bothy.errors import AuditIntegrityError, BothyError, ConfigError
 from bothy.footprint import TRIM_EVERY_S, keep_heap_trimmed
 from bothy.home import BothyHome
 from bothy.runtime import Runtime
@@ -133,8 +133,8 @@ class Daemon:
         # The chat libraries first: while a process of its own walks a long register on the
         # other core (engine/chaincheck.py), this one imports what its start needs after.
         platforms = _chat_platforms(self._cfg.chat)
-        chain = await _refuse_a_broken_register(
-            rt.audit, self._chain or ChainCheck.in_process(rt.audit.path))
+        chain = await _refuse_a_broken_register(  # both of home.audit_path, as rt.audit is
+            rt.audit, self._chain or ChainCheck.in_process(self._home.audit_path))
         supervisor = rt.supervisor()
         inbox = Inbox(self._home.inbox_dir, rt.db, clock=rt.clock, audit=rt.audit)
         await rt.audit.record("serve", "starting", "ok", details={
@@ -493,9 +493,6 @@ def _check_secrets(cfg: Config) -> None:
 
 async def _refuse_a_broken_register(audit: AuditLog, chain: ChainCheck) -> Checked:
     """The whole chain, verified before anything is appended to it (docs/AUDIT.md)."""
-    if chain.register != audit.path:
-        raise StateError(f"the check of the register {chain.register} cannot stand for the"
-                         f" register {audit.path} serve appends to")
     checked = await chain.checked()
     report = checked.report
     if not report.ok:

@@ -150,6 +150,29 @@ async def test_a_walk_ended_beside_is_made_in_process(
 
 
 @needs_two_cores
+async def test_a_walk_past_its_patience_is_ended_and_made_in_process(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A child that has not answered within its patience (a register on a stalled disk, say:
+    here, held on the writers' lock) is ended and reaped, and the walk is made here, saying
+    why."""
+    register = tmp_path / "audit.jsonl"
+    long_register(register)
+    with held(register), caplog.at_level(logging.WARNING, logger="bothy.engine.chaincheck"):
+        check = await ChainCheck.start(register, patience_s=0.5)
+        walker = await _blocked_walker(check)
+        waiting = asyncio.ensure_future(check.checked())
+        await until(lambda: not walker.is_running() or walker.status() == psutil.STATUS_ZOMBIE,
+                    "the walker ended at its patience")
+    checked = await waiting
+
+    assert not checked.beside and checked.report.ok and checked.report.count == 6
+    assert "gave no verdict: it had not answered after 0.5 s; serve walks the chain itself" in (
+        caplog.text)
+    assert not walkers()
+
+
+@needs_two_cores
 async def test_a_start_stopped_while_it_waits_ends_the_walk_it_started(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -161,7 +184,7 @@ async def test_a_start_stopped_while_it_waits_ends_the_walk_it_started(
         check = await ChainCheck.start(register)
         walker = await _blocked_walker(check)
         waiting = asyncio.ensure_future(check.checked())
-        await asyncio.sleep(0)  # it waits on the child
+        await until(lambda: not check.beside, "the check waiting on its child")  # taken
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting

@@ -4,6 +4,8 @@ free pages are given back (bothy/footprint.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import platform
 import sqlite3
@@ -12,7 +14,6 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -93,22 +94,25 @@ async def test_the_state_database_holds_a_small_page_cache(tmp_path: Path) -> No
         assert await db.scalar("PRAGMA cache_size") == -SQLITE_PAGE_CACHE_KIB
 
 
-async def test_the_registers_index_holds_a_small_page_cache(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    opened: list[sqlite3.Connection] = []
-    connect = sqlite3.connect
-
-    def seen(*args: Any, **kwargs: Any) -> sqlite3.Connection:
-        opened.append(connect(*args, **kwargs))
-        return opened[-1]
-
-    monkeypatch.setattr(sqlite3, "connect", seen)  # a spy: every connection is the real one
+async def test_the_registers_index_holds_a_small_page_cache(tmp_path: Path) -> None:
     audit = AuditLog(tmp_path / "audit.jsonl")
     await audit.record("run", "admitted", "ok", run_id="run_20261206T000000Z_0a1b2c3d")
-    [writer] = opened  # the index's writer, held open for the next records
+    [writer] = _open_connections_to(audit.index.path)  # its writer, kept for the next records
     assert writer.execute("PRAGMA cache_size").fetchone()[0] == -SQLITE_PAGE_CACHE_KIB
     audit.index.close()
+
+
+def _open_connections_to(database: Path) -> list[sqlite3.Connection]:
+    """This process's open SQLite connections to ``database`` (found among its objects: a
+    connection is one the garbage collector tracks)."""
+    found = []
+    for candidate in gc.get_objects():
+        if isinstance(candidate, sqlite3.Connection):
+            with contextlib.suppress(sqlite3.ProgrammingError):  # closed
+                files = [row[2] for row in candidate.execute("PRAGMA database_list")]
+                if str(database) in files:
+                    found.append(candidate)
+    return found
 
 
 async def test_a_ready_serve_trims_its_heap_until_it_stops(

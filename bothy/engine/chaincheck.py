@@ -75,16 +75,23 @@ class ChainCheck:
     """The walk of one register, started beside the start when that gains (:meth:`start`);
     its verdict taken once (:meth:`checked`), or the walk ended unread (:meth:`close`)."""
 
-    def __init__(self, register: Path, child: asyncio.subprocess.Process | None) -> None:
+    def __init__(self, register: Path, child: asyncio.subprocess.Process | None,
+                 patience_s: float = 0.0) -> None:
         self.register = register
         self._child = child
+        self._patience_s = patience_s
         self._taken = False
 
     @classmethod
-    async def start(cls, register: Path) -> ChainCheck:
+    async def start(cls, register: Path, *, patience_s: float | None = None) -> ChainCheck:
         """Start the walk of ``register`` in a child when it is large enough and a second
-        core can take it; otherwise :meth:`checked` walks it in-process."""
-        return cls(register, await _spawned(register) if _worth_a_process(register) else None)
+        core can take it; otherwise :meth:`checked` walks it in-process. ``patience_s``: how
+        long the child may walk (default :func:`_patience_s`; an in-process caller, a test,
+        may set it)."""
+        if not _worth_a_process(register):
+            return cls(register, None)
+        patience = _patience_s(register) if patience_s is None else patience_s
+        return cls(register, await _spawned(register), patience)
 
     @classmethod
     def in_process(cls, register: Path) -> ChainCheck:
@@ -107,7 +114,7 @@ class ChainCheck:
         asked = time.perf_counter()
         child, self._child = self._child, None
         if child is not None:
-            verdict = await _verdict_of(child, self.register)
+            verdict = await _verdict_of(child, self.register, self._patience_s)
             if verdict is not None:
                 report, walk_ms = verdict
                 return Checked(report, walk_ms, _ms_since(asked), beside=True)
@@ -162,19 +169,18 @@ async def _spawned(register: Path) -> asyncio.subprocess.Process | None:
 
 
 async def _verdict_of(
-    child: asyncio.subprocess.Process, register: Path
+    child: asyncio.subprocess.Process, register: Path, patience_s: float
 ) -> tuple[VerifyReport, float] | None:
     """The child's verdict and its walk's time (ms), or None (logged) when it gave none.
     Cancelled, it ends the child first."""
     import asyncio
 
-    patience_s = _patience_s(register)
     try:
         async with asyncio.timeout(patience_s):
             out, err = await child.communicate()
     except TimeoutError:
         await _ended(child)
-        why, err = f"it had not answered after {patience_s:.0f} s", b""
+        why, err = f"it had not answered after {patience_s:g} s", b""
     except BaseException:
         await asyncio.shield(_ended(child))
         raise
