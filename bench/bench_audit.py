@@ -97,7 +97,11 @@ def _group_commit_bench(work_dir: Path) -> None:
     load_after = os.getloadavg()[0]
     for label, rates in ((f"append, {CONCURRENT_WRITERS} threads, fsync each", threads),
                          (f"record, {CONCURRENT_WRITERS} coroutines, group commit", grouped)):
-        _report(label, statistics.median(rates), GROUP_COMMIT_TARGET_PER_S)
+        if rates is threads:  # the baseline the target is measured beside, not held to it
+            print(f"   {label:<42} {statistics.median(rates):>10,.0f}/s   (the baseline: what"
+                  " `record` did before group commit; no target)", flush=True)
+        else:
+            _report(label, statistics.median(rates), GROUP_COMMIT_TARGET_PER_S)
         print(f"      median of {len(rates)} rounds: "
               + ", ".join(f"{r:,.0f}" for r in sorted(rates)) + "/s", flush=True)
     print(f"      CPU per record with group commit (the process's, all threads):"

@@ -18,6 +18,15 @@ Both starts go through ``nsenter`` there, the bare interpreter's too.
 and idle memory cost (the chain is verified before serve appends to it; the rest of what
 serve reads of it at start is a recent stretch).
 
+Beside each site's starts, taking turns with them: the libraries alone. One more start, under
+``-X importtime``, names every module serve imported on its way to ready; then an interpreter
+spawned the same way imports the ones that are not Bothy's (asyncio, aiohttp, pydantic,
+slack-bolt, discord.py… as serve imports aiohttp: engine-free ``bothy.aiohttpimport``, whose
+CA store load it awaits as serve does) and says so: spawn → that line, and its RSS then.
+What serve takes beyond them is Bothy's own: its modules, the config, the state, the
+register's check, the listeners and the connections. So a target is read beside the part of
+it no change to Bothy can reach.
+
 Then the serve process's resident set (psutil's RSS) after ``IDLE_S`` idle: Slack alone
 (a), and both connected (b), with the spare app-server's beside it, and where (b)'s lies
 (Linux: ``/proc/PID/smaps_rollup``): anonymous pages (Python's objects, above all the code
@@ -81,7 +90,7 @@ async def _bench(root: Path) -> None:
               " MB")
         aged = _site(root / "aged", model, slack)
         held = await _age_register(aged)
-        aged_starts = await _starts(aged, idle=True)
+        aged_starts = await _starts(aged, idle=True, alone=False)
         _note(f"(a') the same site with half a year's register ({held:,} records,"
               f" {aged.audit_path.stat().st_size / 1e6:.0f} MB: {AGED_WAKES:,} runs,"
               f" {AGED_IGNORED:,} deliveries ignored): ready median"
@@ -112,6 +121,10 @@ async def _bench(root: Path) -> None:
            RSS_TARGET_MB, higher_is_better=False)
     _note("MB = 10^6 bytes; psutil's rss of the serve process alone; beside it, the spare"
           f" app-server waiting (codex, its whole process group): {both.spare_mb:.1f} MB")
+    _note(f"of it, the libraries alone (above): {both.libraries_mb:.1f} MB; the rest,"
+          f" {both.idle_mb - both.libraries_mb:.1f} MB, is Bothy's own: its modules, the config"
+          " (validating it maps pydantic-core's compiled code), the state, threads and"
+          " connections")
     if both.rollup:
         _note(f"smaps_rollup's walk of it: Rss {both.rollup['Rss']:.1f} MB, of which anonymous"
               f" {both.rollup['Anonymous']:.1f} MB (Python's objects, most of them the imported"
@@ -133,6 +146,9 @@ class _Starts:
     rollup: dict[str, float] = field(default_factory=dict)  # the idle serve's smaps_rollup (MB)
     threads: int = 0  # ... and its threads
     bench_cpu_ms: float = 0.0  # this process's CPU (the fakes, the polls) per start
+    libraries_ms: list[float] = field(default_factory=list)  # spawn → the libraries imported
+    libraries_mb: float = 0.0  # ... the last one's RSS then
+    libraries: list[str] = field(default_factory=list)  # what serve imported, Bothy's aside
 
     def explain(self, what: str, bare_ms: list[float]) -> None:
         connecting = [r - s for r, s in zip(self.ready_ms, self.starting_ms, strict=True)]
@@ -148,13 +164,23 @@ class _Starts:
               f" {median(self.main_cpu_ms):.0f} ms (the way to ready: the CA store loads in a"
               " thread beside it); the bench's own CPU (the fakes, the polls)"
               f" {self.bench_cpu_ms:.0f} ms per start")
+        if self.libraries_ms:
+            _note(f"the libraries alone: the {len(self.libraries)} modules serve imported"
+                  " that are not Bothy's, imported as serve imports them by an interpreter"
+                  f" spawned the same way, taking turns with the starts:"
+                  f" {_list(self.libraries_ms)} ms, median"
+                  f" {median(self.libraries_ms):.0f}; Bothy's own part of ready (its modules,"
+                  " config, state, the register's check, listeners, connections) is the"
+                  f" rest, ~{median(self.ready_ms) - median(self.libraries_ms):.0f} ms;"
+                  f" the libraries' RSS then {self.libraries_mb:.1f} MB")
 
 
-async def _starts(site: Any, *, idle: bool = False) -> _Starts:
-    """``STARTS`` starts of `bothy serve`; the last one idles ``IDLE_S`` for its RSS if asked."""
+async def _starts(site: Any, *, idle: bool = False, alone: bool = True) -> _Starts:
+    """``STARTS`` starts of `bothy serve`; the last one idles ``IDLE_S`` for its RSS if asked;
+    with ``alone``, each followed by the libraries alone (see the module)."""
     import psutil
 
-    measured = _Starts()
+    measured = _Starts(libraries=await _libraries(site) if alone else [])
     bench_cpu = time.process_time()
     for n in range(STARTS):
         async with _serving(site) as (process, ready_s, starting_s):
@@ -172,8 +198,65 @@ async def _starts(site: Any, *, idle: bool = False) -> _Starts:
                 measured.rollup = _rollup_mb(process.pid)
                 measured.threads = serving.num_threads()
                 measured.spare_mb = _spare_mb(site)
+        if alone:
+            alone_ms, measured.libraries_mb = await _libraries_alone(site, measured.libraries)
+            measured.libraries_ms.append(alone_ms)
     measured.bench_cpu_ms = (time.process_time() - bench_cpu) * 1000 / STARTS
     return measured
+
+
+async def _libraries(site: Any) -> list[str]:
+    """The modules one `bothy serve` start imports by ready (its ``-X importtime`` lines, in
+    the order they completed), Bothy's own left out."""
+    async with _serving(site, PYTHONPROFILEIMPORTTIME="1"):
+        pass
+    names = []
+    for line in (site.root / "serve.log").read_text().splitlines():
+        fields = line.removeprefix("import time:").split("|")
+        if len(fields) != 3 or not fields[0].strip().isdigit():
+            continue  # the column heads, or a line of serve's own
+        name = fields[2].strip()
+        if name != "bothy" and not name.startswith("bothy."):
+            names.append(name)
+    if not names:
+        raise RuntimeError("serve's -X importtime lines were not in its log")
+    return names
+
+
+_LIBRARIES_ALONE = """
+import importlib, sys
+from bothy.aiohttpimport import import_aiohttp  # aiohttp as serve imports it (engine-free)
+
+trusted = import_aiohttp()
+for name in sys.stdin.read().split():
+    try:
+        importlib.import_module(name)
+    except ImportError:  # another platform's, tried and missed by serve too (nt, _winapi)
+        pass
+trusted.result()  # serve awaits its CA store too
+import psutil  # imported by serve as well: among the names above
+
+print(psutil.Process().memory_info().rss, flush=True)
+sys.stdin.close()
+"""
+
+
+async def _libraries_alone(site: Any, names: list[str]) -> tuple[float, float]:
+    """``names`` imported by an interpreter spawned as serve is: spawn → imported (ms), and
+    its RSS then (MB)."""
+    started = time.perf_counter()
+    process = await asyncio.create_subprocess_exec(
+        *site.launch_prefix, sys.executable, "-c", _LIBRARIES_ALONE, env=_env(site), cwd=REPO,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    assert process.stdin is not None and process.stdout is not None
+    process.stdin.write("\n".join(names).encode())
+    process.stdin.close()
+    rss = await process.stdout.readline()
+    imported_ms = (time.perf_counter() - started) * 1000
+    await process.wait()
+    if process.returncode != 0 or not rss.strip().isdigit():
+        raise RuntimeError(f"the libraries alone exited {process.returncode}: {rss!r}")
+    return imported_ms, int(rss) / 1e6
 
 
 def _chain_walk(site: Any) -> str:
@@ -292,17 +375,20 @@ async def _bare_ms(site: Any) -> list[float]:
 
 
 @contextlib.asynccontextmanager
-async def _serving(site: Any) -> AsyncIterator[tuple[asyncio.subprocess.Process, float, float]]:
-    """Spawn `bothy serve` on ``site``; yield it, spawn → `serve ready` and spawn → `serve
-    starting` (s: interpreter, imports, config, state, the register); SIGTERM it
-    on the way out (SIGKILL if it will not stop)."""
+async def _serving(
+    site: Any, **extra_env: str,
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, float, float]]:
+    """Spawn `bothy serve` on ``site`` (``extra_env`` added to its environment); yield it,
+    spawn → `serve ready` and spawn → `serve starting` (s: interpreter, imports, config,
+    state, the register); SIGTERM it on the way out (SIGKILL if it will not stop)."""
     tail = _Tail(site.audit_path)
     log_path = site.root / "serve.log"
     with log_path.open("wb") as log:
         spawned = time.time()
         process = await asyncio.create_subprocess_exec(
-            *site.launch_prefix, sys.executable, "-m", "bothy", "serve", env=_env(site),
-            cwd=REPO, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log)
+            *site.launch_prefix, sys.executable, "-m", "bothy", "serve",
+            env={**_env(site), **extra_env}, cwd=REPO, stdin=asyncio.subprocess.DEVNULL,
+            stdout=log, stderr=log)
         try:
             async with asyncio.timeout(DEADLINE_S):
                 while "ready" not in tail.seen:

@@ -291,6 +291,11 @@ def main() -> None:
           f" median {median(figures['codex_init']):.1f} ms")
     print(f"   codex's own thread/start alone (sent → answer, inside the figure above):"
           f" median {median(figures['codex_thread']):.1f} ms")
+    floor = median(figures["spawned_at"]) + median(figures["codex_thread"])
+    print(f"   so, with codex spawned when it is (once the config is checked: engine/headstart.py),"
+          f" the figure cannot go below launch → spawned + codex's own thread/start:"
+          f" {floor:.1f} ms (turn/start follows the thread, which follows the initialize the"
+          " figure leaves out)")
     if "instructions_run" in figures:
         run, bare = figures["instructions_run"][0], figures["instructions_bare"][0]
         print(f"   instructions (callgrind) of one whole bothy run, its own process (codex not"
