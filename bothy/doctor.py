@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from bothy.config import Config, load_config
@@ -283,6 +284,37 @@ async def check_sandbox(scene: Scene) -> Finding:
     return warn(f"{reason} — runs needing a shell will fail")
 
 
+async def check_model_shell(scene: Scene) -> Finding:
+    """Variables named like secrets that the worker user's shell startup files export: codex
+    reads those files for the model's commands, past Bothy's excludes (engine/workershell.py)."""
+    from bothy.engine.launch import shell_excludes
+    from bothy.engine.workershell import exported_by_startup_files, worker_shell
+
+    if missing := scene.needs_config():
+        return missing
+    if scene.launch is None:
+        return fail("needs codex (see 'codex present' above)")
+    assert scene.cfg is not None
+    workspace = scene.cfg.workspace
+    cwd = workspace if workspace.is_dir() else Path(tempfile.gettempdir())
+    shell = worker_shell(scene.launch.env)
+    try:
+        found = await asyncio.to_thread(exported_by_startup_files, scene.launch,
+                                        shell_excludes(scene.cfg.codex), cwd=cwd)
+    except subprocess.TimeoutExpired as exc:
+        return warn(f"{shell} did not start within {exc.timeout:g} s, so what its startup files"
+                    " export is unknown (codex reads them for every command the model runs)")
+    except OSError as exc:
+        return warn(f"what {shell}'s startup files export is unknown: {exc}")
+    if not found.names:
+        return ok(f"{shell}'s startup files export no variable named like a secret")
+    return warn(f"{shell}'s startup files (~/.profile, ~/.bashrc, ~/.zshrc…) export"
+                f" {', '.join(found.names)}: codex reads them for every command the model runs,"
+                " so the model would see those, whatever Bothy keeps out of its environment;"
+                " take them out of those files (serve reads its own secrets from its"
+                " service's environment or the config's secrets_file)")
+
+
 async def check_alert_route(scene: Scene) -> Finding:
     if missing := scene.needs_config():
         return missing
@@ -511,4 +543,5 @@ MORE_CHECKS: tuple[tuple[str, CheckFn], ...] = (
     ("budget mode", check_budget_mode),
     ("chat connections", check_chat_connections),
     ("report channels", check_report_channels),
+    ("model's shell", check_model_shell),
 )

@@ -8,13 +8,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import time
 from pathlib import Path
 
 import certifi
 import pytest
 
+from bothy.engine.launch import SHELL_EXCLUDES, Launch
+from bothy.engine.workershell import exported_by_startup_files
 from tests.fakes.codex import codex_binary
-from tests.fakes.site import Completed, Site
+from tests.fakes.site import Completed, Site, operator_home
 
 SEED_LABELS = [
     "state directory writable",
@@ -198,3 +202,77 @@ async def test_doctor_says_when_no_ca_certificate_is_trusted(tmp_path: Path) -> 
     status, detail = found["bundle"]["trusted certificates"]
     assert status == "ok" and re.fullmatch(
         rf"\d{{2,}} CA certificates \(SSL_CERT_FILE={re.escape(certifi.where())}\)", detail), detail
+
+
+@pytest.mark.codex
+async def test_doctor_names_the_secrets_the_workers_shell_startup_files_export(
+    tmp_path: Path,
+) -> None:
+    """Codex reads the worker user's shell startup files for the model's commands, past
+    Bothy's excludes (tests/test_run_cli.py shows it): doctor names every variable named like
+    a secret, or listed in codex.env, that a login or interactive shell's files export, never
+    a value; a variable named otherwise is not named, nor is a codex.env key Bothy itself
+    hands codex (the model's shell never gets that one from Bothy)."""
+    home = operator_home(tmp_path / "operator", {
+        ".bash_profile": "echo 'welcome to the mini'\nexport OPERATOR_API_TOKEN=leak-9931\n"
+                         "export PLAIN_SETTING=plain-5512\n",
+        ".bashrc": "export DEPLOY_SECRET=leak-2207\nexport DEPLOY_LOGIN=leak-6620\n",
+    })
+    site = Site(tmp_path / "site", "http://127.0.0.1:9/v1",
+                codex={"env": ["DEPLOY_LOGIN", "ACME_ACCESS"]})
+
+    done = await site.bothy("doctor", HOME=str(home), SHELL="/bin/bash",
+                            ACME_ACCESS="handed-by-bothy-3318")
+
+    assert done.code == 0, done.stdout + done.stderr
+    assert checks(done)["model's shell"] == (
+        "warn", "/bin/bash's startup files (~/.profile, ~/.bashrc, ~/.zshrc…) export"
+                " DEPLOY_LOGIN, DEPLOY_SECRET, OPERATOR_API_TOKEN: codex reads them for every"
+                " command the model runs, so the model would see those, whatever Bothy keeps"
+                " out of its environment; take them out of those files (serve reads its own"
+                " secrets from its service's environment or the config's secrets_file)")
+    said = done.stdout + done.stderr
+    for value in ("leak-9931", "leak-2207", "leak-6620", "plain-5512", "handed-by-bothy-3318"):
+        assert value not in said
+    assert "PLAIN_SETTING" not in said and "ACME_ACCESS" not in said
+
+
+@pytest.mark.codex
+async def test_doctor_passes_startup_files_that_export_no_secret(tmp_path: Path) -> None:
+    """Startup files that print, and export only what a shell needs: the check passes."""
+    home = operator_home(tmp_path / "operator", {
+        ".bash_profile": "echo 'welcome'\nexport EDITOR=vi\n",
+        ".bashrc": "export HISTSIZE=5000\n",
+    })
+    site = Site(tmp_path / "site", "http://127.0.0.1:9/v1")
+
+    done = await site.bothy("doctor", HOME=str(home), SHELL="/bin/bash")
+
+    assert checks(done)["model's shell"] == (
+        "ok", "/bin/bash's startup files export no variable named like a secret")
+
+
+def test_a_startup_file_that_hangs_is_ended_with_its_children(tmp_path: Path) -> None:
+    """A startup file that never returns (and started a child holding the output open) is
+    ended, its whole process group, at the probe's patience: the doctor says it is unknown
+    instead of hanging."""
+    marker = tmp_path / "sleeper.pid"
+    home = operator_home(tmp_path / "operator", {
+        ".bash_profile": f"sleep 30 & echo $! > {marker}\nwait\n"})
+    launch = Launch(["codex"], {"HOME": str(home), "SHELL": "/bin/bash", "PATH": os.defpath},
+                    tmp_path)
+    started = time.monotonic()
+
+    with pytest.raises(subprocess.TimeoutExpired):
+        exported_by_startup_files(launch, SHELL_EXCLUDES, cwd=tmp_path, timeout_s=0.5)
+
+    assert time.monotonic() - started < 10
+    sleeper = int(marker.read_text())
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{sleeper}") and time.monotonic() < deadline:
+        status = Path(f"/proc/{sleeper}/status").read_text()
+        if "State:\tZ" in status:
+            break  # ended, waiting for its reaper
+        time.sleep(0.05)
+    else:
+        assert not os.path.exists(f"/proc/{sleeper}"), "the startup file's child outlived it"

@@ -20,7 +20,7 @@ import pytest
 from tests.fakes.codex import PROVIDER_ENV
 from tests.fakes.model_server import ModelServer, failed, http_error, stall, text, tool_call
 from tests.fakes.shell import Shell
-from tests.fakes.site import Completed, Site
+from tests.fakes.site import Completed, Site, operator_home
 
 RUN_ID = re.compile(r"run_\d{8}T\d{6}Z_[0-9a-f]{8}")
 RUN_LINE = re.compile(r"^(?P<outcome>\S+) (?P<run_id>\S+) (?P<usd>\d+\.\d{4}) usd(?P<rest>.*)$")
@@ -417,6 +417,32 @@ async def test_the_models_shell_commands_see_no_key_codex_was_given(
     for name, value in {**PROVIDER_ENV, **passed}.items():
         assert name not in printed
         assert value not in printed
+
+
+@pytest.mark.codex
+async def test_a_secret_the_workers_shell_startup_files_export_reaches_the_model(
+    tmp_path: Path, server: ModelServer
+) -> None:
+    """Why `bothy doctor` checks the worker user's shell startup files: codex reads them for
+    the model's commands, so a variable exported there reaches the model past every exclude
+    Bothy sets (engine/workershell.py). Which files depends on timing: the shell snapshot, a
+    login shell's, reads the profile once it is taken; a command run before it still gets
+    ~/.bashrc (bash reads it when its input is a socket). So both hold the export here.
+    Should a codex release stop reading them, this fails, and the doctor's check can go."""
+    export = "export OPERATOR_API_TOKEN=leak-9931\n"
+    home = operator_home(tmp_path / "operator", {".bash_profile": export, ".bashrc": export})
+    site = Site(tmp_path / "site", server.base_url)
+    server.script(tool_call("exec_command", {"cmd": "env"}), text("done"))
+
+    done = await site.bothy("run", "print the environment", "--subject", "demo",
+                            HOME=str(home), SHELL="/bin/bash")
+
+    assert done.code == 0, done.stderr
+    outputs = [item for item in server.requests[1]["input"]
+               if item.get("type") == "function_call_output"]
+    printed = json.dumps(outputs[0]["output"])
+    assert "PATH=" in printed  # the command did print env
+    assert "OPERATOR_API_TOKEN=leak-9931" in printed
 
 
 @pytest.mark.parametrize(("inline", "key"), [

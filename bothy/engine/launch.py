@@ -14,16 +14,21 @@ So every worker is started with a ``shell_environment_policy`` that excludes eac
 name and anything named like a credential (``*KEY*``, ``*TOKEN*``, ``*SECRET*``...), with
 Codex's own default excludes switched on (codex 0.171.0 leaves them off unless told). An
 operator's own ``shell_environment_policy`` keys are kept; their ``exclude`` list is added to.
+
+That policy filters the environment codex hands the user's shell; what the shell's own startup
+files then export (``~/.profile``, ``~/.bashrc``…) is beyond it: codex reads them for the
+model's commands. :mod:`bothy.engine.workershell` names such variables (``bothy doctor``).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import platform
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,15 +106,33 @@ def workspace_problem(workspace: Path) -> str | None:
     return None
 
 
+def shell_excludes(cfg: CodexConfig, chosen: Mapping[str, Any] | None = None) -> list[str]:
+    """The names the model's shell commands must not see (case-insensitive globs, as Codex
+    matches them): the operator's own ``shell_environment_policy.exclude`` in ``chosen`` (the
+    merged codex config; the site's ``codex.config`` when None), every ``codex.env`` name,
+    and :data:`SHELL_EXCLUDES`."""
+    theirs = _own_policy(cfg.config if chosen is None else chosen).get("exclude")
+    return list(dict.fromkeys([*(theirs if isinstance(theirs, list) else []), *cfg.env,
+                               *SHELL_EXCLUDES]))
+
+
+def shell_excluded(name: str, excludes: Sequence[str]) -> bool:
+    """Whether variable ``name`` matches one of ``excludes`` (:func:`shell_excludes`)."""
+    folded = name.upper()
+    return any(fnmatch.fnmatchcase(folded, glob.upper()) for glob in excludes)
+
+
+def _own_policy(chosen: Mapping[str, Any]) -> Mapping[str, Any]:
+    policy = chosen.get("shell_environment_policy")
+    return policy if isinstance(policy, Mapping) else {}
+
+
 def _shell_policy(cfg: CodexConfig, chosen: Mapping[str, Any]) -> dict[str, Any]:
     """The ``shell_environment_policy`` keys Bothy insists on, merged over the operator's."""
-    policy = chosen.get("shell_environment_policy")
-    own = policy if isinstance(policy, Mapping) else {}
-    theirs = own.get("exclude")
-    excludes = [*(theirs if isinstance(theirs, list) else []), *cfg.env, *SHELL_EXCLUDES]
     return {"shell_environment_policy": {
-        "ignore_default_excludes": bool(own.get("ignore_default_excludes", False)),
-        "exclude": list(dict.fromkeys(excludes)),
+        "ignore_default_excludes": bool(_own_policy(chosen).get("ignore_default_excludes",
+                                                                False)),
+        "exclude": shell_excludes(cfg, chosen),
     }}
 
 

@@ -126,3 +126,12 @@ def without_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.lower().endswith("_proxy"):
             monkeypatch.delenv(name)
+
+
+def operator_home(path: Path, files: dict[str, str]) -> Path:
+    """A home directory holding the shell startup files ``files`` (name -> text), as the
+    account a site's worker runs under may have them; pass it to a command as ``HOME``."""
+    path.mkdir(parents=True)
+    for name, text in files.items():
+        (path / name).write_text(text)
+    return path
