@@ -284,6 +284,9 @@ async def check_sandbox(scene: Scene) -> Finding:
     return warn(f"{reason} — runs needing a shell will fail")
 
 
+_SHELL_PATIENCE_S = 10.0
+
+
 async def check_model_shell(scene: Scene) -> Finding:
     """Variables named like secrets that the worker user's shell startup files export: codex
     reads those files for the model's commands, past Bothy's excludes (engine/workershell.py)."""
@@ -299,11 +302,12 @@ async def check_model_shell(scene: Scene) -> Finding:
     cwd = workspace if workspace.is_dir() else Path(tempfile.gettempdir())
     shell = worker_shell(scene.launch.env)
     try:
-        found = await asyncio.to_thread(exported_by_startup_files, scene.launch,
-                                        shell_excludes(scene.cfg.codex), cwd=cwd)
-    except subprocess.TimeoutExpired as exc:
-        return warn(f"{shell} did not start within {exc.timeout:g} s, so what its startup files"
-                    " export is unknown (codex reads them for every command the model runs)")
+        found = await exported_by_startup_files(scene.launch, shell_excludes(scene.cfg.codex),
+                                                cwd=cwd, timeout_s=_SHELL_PATIENCE_S)
+    except TimeoutError:
+        return warn(f"{shell} did not start within {_SHELL_PATIENCE_S:g} s, so what its startup"
+                    " files export is unknown (codex reads them for every command the model"
+                    " runs)")
     except OSError as exc:
         return warn(f"what {shell}'s startup files export is unknown: {exc}")
     if not found.names:

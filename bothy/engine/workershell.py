@@ -18,12 +18,12 @@ Names only: no value is ever read or said.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import pwd
 import shlex
 import signal
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,7 +57,7 @@ def worker_shell(env: dict[str, str]) -> str:
     return env.get("SHELL") or pwd.getpwuid(os.getuid()).pw_shell or "/bin/sh"
 
 
-def exported_by_startup_files(
+async def exported_by_startup_files(
     launch: Launch, excludes: Sequence[str], *, cwd: Path, timeout_s: float = 10.0,
 ) -> StartupExports:
     """Start the worker's shell as a login shell, then as an interactive one, in ``cwd`` with
@@ -65,15 +65,18 @@ def exported_by_startup_files(
     it), and name every variable they end up with that ``excludes`` covers: none of those
     was handed to them, so their startup files exported it.
 
-    Raises subprocess.TimeoutExpired when a start takes longer than ``timeout_s``, and
-    OSError when the shell cannot be started or does not run the command it was given."""
+    Raises TimeoutError when a start takes longer than ``timeout_s``, and OSError when the
+    shell cannot be started or does not run the command it was given. Each start is a
+    process group of its own, killed whole on a timeout or a cancellation (a startup file's
+    own children too)."""
     shell = worker_shell(launch.env)
     handed = {name: value for name, value in launch.env.items()
               if not shell_excluded(name, excludes)}
     command = f"exec {shlex.quote(sys.executable)} -c {shlex.quote(_NAMES)}"
     found: set[str] = set()
     for start in _STARTS:
-        out, err, code = _run([shell, start, command], env=handed, cwd=cwd, timeout_s=timeout_s)
+        out, err, code = await _run([shell, start, command], env=handed, cwd=cwd,
+                                    timeout_s=timeout_s)
         _, mark, names = out.rpartition(_MARK)
         if not mark:
             said = err.decode(errors="replace").strip().splitlines()
@@ -84,19 +87,19 @@ def exported_by_startup_files(
     return StartupExports(shell, tuple(sorted(found)))
 
 
-def _run(argv: list[str], *, env: dict[str, str], cwd: Path,
-         timeout_s: float) -> tuple[bytes, bytes, int]:
-    """Run ``argv`` in a process group of its own; past ``timeout_s`` the whole group is
-    killed (a startup file's own children too, which would otherwise hold the output open)
-    and TimeoutExpired raised."""
-    process = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               start_new_session=True)
+async def _run(argv: list[str], *, env: dict[str, str], cwd: Path,
+               timeout_s: float) -> tuple[bytes, bytes, int]:
+    """Run ``argv`` in a process group of its own, whole-killed past ``timeout_s``."""
+    process = await asyncio.create_subprocess_exec(
+        *argv, env=env, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
     try:
-        out, err = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+        async with asyncio.timeout(timeout_s):
+            out, err = await process.communicate()
+    except BaseException:  # the timeout, or a cancellation: nothing of it may stay
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
+        await asyncio.shield(process.wait())
         raise
+    assert process.returncode is not None
     return out, err, process.returncode
