@@ -301,9 +301,13 @@ async def check_model_shell(scene: Scene) -> Finding:
     workspace = scene.cfg.workspace
     cwd = workspace if workspace.is_dir() else Path(tempfile.gettempdir())
     shell = worker_shell(scene.launch.env)
+    codex = scene.cfg.codex
+    excludes = list(dict.fromkeys([  # the site's, and what each profile adds for its runs
+        *shell_excludes(codex), *(name for profile in scene.cfg.profiles.values()
+                                  for name in shell_excludes(codex, profile.codex_config))]))
     try:
-        found = await exported_by_startup_files(scene.launch, shell_excludes(scene.cfg.codex),
-                                                cwd=cwd, timeout_s=_SHELL_PATIENCE_S)
+        found = await exported_by_startup_files(scene.launch, excludes, cwd=cwd,
+                                                timeout_s=_SHELL_PATIENCE_S)
     except TimeoutError:
         return warn(f"{shell} did not start within {_SHELL_PATIENCE_S:g} s, so what its startup"
                     " files export is unknown (codex reads them for every command the model"

@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
+import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import certifi
 import psutil
 import pytest
 
 from bothy.engine.launch import SHELL_EXCLUDES, Launch
-from bothy.engine.workershell import exported_by_startup_files
+from bothy.engine.workershell import exported_by_startup_files, worker_shell
 from tests.fakes.codex import codex_binary
 from tests.fakes.shell import until
 from tests.fakes.site import Completed, Site, operator_home
@@ -205,39 +208,54 @@ async def test_doctor_says_when_no_ca_certificate_is_trusted(tmp_path: Path) -> 
         rf"\d{{2,}} CA certificates \(SSL_CERT_FILE={re.escape(certifi.where())}\)", detail), detail
 
 
+BASH = worker_shell({"PATH": os.defpath})  # the shell codex runs the model's commands in here
+needs_bash = pytest.mark.skipif(
+    not BASH.endswith("/bash"),
+    reason=f"this account's commands run in {BASH}, not bash: the startup files here are bash's")
+# What a stock Debian ~/.bashrc begins with: the rest is for interactive shells only.
+INTERACTIVE_ONLY = "case $- in\n    *i*) ;;\n      *) return;;\nesac\n"
+
+
+@needs_bash
 @pytest.mark.codex
 async def test_doctor_names_the_secrets_the_workers_shell_startup_files_export(
     tmp_path: Path,
 ) -> None:
-    """Codex reads the worker user's shell startup files for the model's commands, past
+    """Codex reads the worker account's shell startup files for the model's commands, past
     Bothy's excludes (tests/test_run_cli.py shows it): doctor names every variable named like
-    a secret, or listed in codex.env, that a login or interactive shell's files export, never
-    a value; a variable named otherwise is not named, nor is a codex.env key Bothy itself
-    hands codex (the model's shell never gets that one from Bothy)."""
+    a secret, or listed in codex.env, that they export as codex starts the shell (a login
+    shell; a plain one reading a socket), never a value. Not named: a variable named
+    otherwise, a codex.env key Bothy itself hands codex (the model's shell never gets that
+    one from Bothy), and what ~/.bashrc exports past its interactive-only guard. SHELL is
+    not what codex goes by (cron sets /bin/sh): neither does doctor."""
     home = operator_home(tmp_path / "operator", {
         ".bash_profile": "echo 'welcome to the mini'\nexport OPERATOR_API_TOKEN=leak-9931\n"
                          "export PLAIN_SETTING=plain-5512\n",
-        ".bashrc": "export DEPLOY_SECRET=leak-2207\nexport DEPLOY_LOGIN=leak-6620\n",
+        ".bashrc": "export DEPLOY_SECRET=leak-2207\nexport DEPLOY_LOGIN=leak-6620\n"
+                   + INTERACTIVE_ONLY + "export INTERACTIVE_TOKEN=leak-4410\n",
     })
     site = Site(tmp_path / "site", "http://127.0.0.1:9/v1",
                 codex={"env": ["DEPLOY_LOGIN", "ACME_ACCESS"]})
 
-    done = await site.bothy("doctor", HOME=str(home), SHELL="/bin/bash",
+    done = await site.bothy("doctor", HOME=str(home), SHELL="/bin/sh",
                             ACME_ACCESS="handed-by-bothy-3318")
 
     assert done.code == 0, done.stdout + done.stderr
     assert checks(done)["model's shell"] == (
-        "warn", "/bin/bash's startup files (~/.profile, ~/.bashrc, ~/.zshrc…) export"
+        "warn", f"{BASH}'s startup files (~/.profile, ~/.bashrc, ~/.zshrc…) export"
                 " DEPLOY_LOGIN, DEPLOY_SECRET, OPERATOR_API_TOKEN: codex reads them for every"
                 " command the model runs, so the model would see those, whatever Bothy keeps"
                 " out of its environment; take them out of those files (serve reads its own"
                 " secrets from its service's environment or the config's secrets_file)")
     said = done.stdout + done.stderr
-    for value in ("leak-9931", "leak-2207", "leak-6620", "plain-5512", "handed-by-bothy-3318"):
+    for value in ("leak-9931", "leak-2207", "leak-6620", "leak-4410", "plain-5512",
+                  "handed-by-bothy-3318"):
         assert value not in said
-    assert "PLAIN_SETTING" not in said and "ACME_ACCESS" not in said
+    assert not {"PLAIN_SETTING", "ACME_ACCESS", "INTERACTIVE_TOKEN"} & set(re.findall(r"\w+",
+                                                                                      said))
 
 
+@needs_bash
 @pytest.mark.codex
 async def test_doctor_passes_startup_files_that_export_no_secret(tmp_path: Path) -> None:
     """Startup files that print, and export only what a shell needs: the check passes."""
@@ -247,10 +265,31 @@ async def test_doctor_passes_startup_files_that_export_no_secret(tmp_path: Path)
     })
     site = Site(tmp_path / "site", "http://127.0.0.1:9/v1")
 
-    done = await site.bothy("doctor", HOME=str(home), SHELL="/bin/bash")
+    done = await site.bothy("doctor", HOME=str(home))
 
     assert checks(done)["model's shell"] == (
-        "ok", "/bin/bash's startup files export no variable named like a secret")
+        "ok", f"{BASH}'s startup files export no variable named like a secret")
+
+
+@needs_bash
+@pytest.mark.codex
+async def test_a_shell_that_fails_is_a_warning_that_repeats_nothing_it_said(
+    tmp_path: Path,
+) -> None:
+    """A startup file that fails (an export of a value with a space in it, then an exit):
+    doctor warns with the exit code and what to run to see why, never what the shell said on
+    stderr, which may hold a value."""
+    home = operator_home(tmp_path / "operator", {
+        ".bash_profile": "export DB_PASSWORD=hunter2 s3cr3t-tail\nexit 3\n"})
+    site = Site(tmp_path / "site", "http://127.0.0.1:9/v1")
+
+    done = await site.bothy("doctor", HOME=str(home))
+
+    assert checks(done)["model's shell"] == (
+        "warn", f"what {BASH}'s startup files export is unknown: {BASH} -lc did not run the"
+                f" command it was given (exit 3); run `{BASH} -lc true` as the worker's account"
+                " to see why")
+    assert "s3cr3t" not in done.stdout + done.stderr and "hunter2" not in done.stdout
 
 
 async def test_a_startup_file_that_hangs_is_ended_with_its_children(tmp_path: Path) -> None:
@@ -259,19 +298,52 @@ async def test_a_startup_file_that_hangs_is_ended_with_its_children(tmp_path: Pa
     not learn instead of hanging."""
     marker = tmp_path / "sleeper.pid"
     home = operator_home(tmp_path / "operator", {
-        ".bash_profile": f"sleep 30 & echo $! > {marker}\nwait\n"})
-    launch = Launch(["codex"], {"HOME": str(home), "SHELL": "/bin/bash", "PATH": os.defpath},
-                    tmp_path)
+        ".bash_profile": f"sleep 30 & echo $! > {marker}\nwait\n",
+        ".profile": f"sleep 30 & echo $! > {marker}\nwait\n"})
+    launch = Launch(["codex"], {"HOME": str(home), "PATH": os.defpath}, tmp_path)
     started = time.monotonic()
 
     with pytest.raises(TimeoutError):
-        await exported_by_startup_files(launch, SHELL_EXCLUDES, cwd=tmp_path, timeout_s=0.5)
+        await exported_by_startup_files(launch, SHELL_EXCLUDES, cwd=tmp_path, timeout_s=2.0)
 
     assert time.monotonic() - started < 10
+    await until(marker.exists, "the startup file's child started", timeout_s=5)
     sleeper = int(marker.read_text())
     await until(lambda: _ended(sleeper), "the startup file's child ended", timeout_s=5)
 
 
+async def test_what_a_startup_file_leaves_running_is_ended(tmp_path: Path) -> None:
+    """A startup file that leaves a child running (its output elsewhere) and returns: the
+    probe answers, and the child does not outlive it."""
+    marker = tmp_path / "agent.pid"
+    script = f"sleep 30 >/dev/null 2>&1 &\necho $! >> {marker}\n"
+    home = operator_home(tmp_path / "operator", {".bash_profile": script, ".profile": script,
+                                                 ".bashrc": script})
+    launch = Launch(["codex"], {"HOME": str(home), "PATH": os.defpath}, tmp_path)
+
+    found = await exported_by_startup_files(launch, SHELL_EXCLUDES, cwd=tmp_path,
+                                            timeout_s=10.0)
+
+    assert found.names == ()
+    left = [int(pid) for pid in marker.read_text().split()]
+    assert left
+    await until(lambda: all(_ended(pid) for pid in left), "the startup files' children ended",
+                timeout_s=5)
+
+
+def test_an_account_the_system_does_not_know_still_gets_codexs_shell(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No passwd entry for the account (a container's arbitrary uid): no traceback, and the
+    shell codex falls back to (bash, then zsh, on the worker's PATH; else /bin/sh)."""
+    def unknown(uid: int) -> Any:
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.setattr(pwd, "getpwuid", unknown)
+    bash = shutil.which("bash", path=os.defpath)
+
+    assert worker_shell({"PATH": os.defpath}) == (bash or "/bin/sh")
+    assert worker_shell({"PATH": "/nonexistent"}) == "/bin/sh"
 def _ended(pid: int) -> bool:
     """Whether ``pid`` is gone, or ended and waiting for its reaper."""
     try:

@@ -435,7 +435,7 @@ async def test_a_secret_the_workers_shell_startup_files_export_reaches_the_model
     server.script(tool_call("exec_command", {"cmd": "env"}), text("done"))
 
     done = await site.bothy("run", "print the environment", "--subject", "demo",
-                            HOME=str(home), SHELL="/bin/bash")
+                            HOME=str(home))
 
     assert done.code == 0, done.stderr
     outputs = [item for item in server.requests[1]["input"]
