@@ -5,14 +5,15 @@ Every test runs the real CLI against a throwaway site with the pinned codex bina
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pwd
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import certifi
 import psutil
@@ -20,7 +21,7 @@ import pytest
 
 from bothy.engine.launch import SHELL_EXCLUDES, Launch
 from bothy.engine.workershell import exported_by_startup_files, worker_shell
-from tests.fakes.codex import codex_binary
+from tests.fakes.codex import REPO_ROOT, codex_binary
 from tests.fakes.shell import until
 from tests.fakes.site import Completed, Site, operator_home
 
@@ -292,6 +293,21 @@ async def test_a_shell_that_fails_is_a_warning_that_repeats_nothing_it_said(
     assert "s3cr3t" not in done.stdout + done.stderr and "hunter2" not in done.stdout
 
 
+@needs_bash
+@pytest.mark.codex
+async def test_doctor_says_when_the_shell_does_not_start_in_time(tmp_path: Path) -> None:
+    """A login file that never returns: after the check's ten seconds, a warning that says
+    what is unknown and why, and doctor goes on to its count."""
+    home = operator_home(tmp_path / "operator", {".bash_profile": "sleep 60\n"})
+    site = Site(tmp_path / "site", "http://127.0.0.1:9/v1")
+
+    done = await site.bothy("doctor", HOME=str(home))
+
+    assert checks(done)["model's shell"] == (
+        "warn", f"{BASH} did not start within 10 s, so what its startup files export is"
+                " unknown (codex reads them for every command the model runs)")
+
+
 async def test_a_startup_file_that_hangs_is_ended_with_its_children(tmp_path: Path) -> None:
     """A startup file that never returns (and started a child holding the output open) is
     ended, its whole process group, at the probe's patience: doctor then says what it could
@@ -331,19 +347,27 @@ async def test_what_a_startup_file_leaves_running_is_ended(tmp_path: Path) -> No
                 timeout_s=5)
 
 
-def test_an_account_the_system_does_not_know_still_gets_codexs_shell(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.mark.skipif(os.geteuid() != 0, reason="becoming a uid with no passwd entry needs root")
+async def test_an_account_the_system_does_not_know_still_gets_codexs_shell() -> None:
     """No passwd entry for the account (a container's arbitrary uid): no traceback, and the
-    shell codex falls back to (bash, then zsh, on the worker's PATH; else /bin/sh)."""
-    def unknown(uid: int) -> Any:
-        raise KeyError(f"getpwuid(): uid not found: {uid}")
+    shell codex falls back to (bash, then zsh, on the worker's PATH; else /bin/sh). Run by a
+    real process under such a uid."""
+    uid = next(n for n in range(54321, 54400) if n not in {e.pw_uid for e in pwd.getpwall()})
+    asks = ("import os, sys; from bothy.engine.workershell import worker_shell;"  # then:
+            f" os.setgid({uid}); os.setuid({uid});"
+            " print(worker_shell({'PATH': sys.argv[1]}))")
+    answers = []
+    for path in (os.defpath, "/nonexistent"):
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", asks, path, cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        out, err = await process.communicate()
+        assert process.returncode == 0, err.decode()
+        answers.append(out.decode().strip())
 
-    monkeypatch.setattr(pwd, "getpwuid", unknown)
-    bash = shutil.which("bash", path=os.defpath)
+    assert answers == [shutil.which("bash", path=os.defpath) or "/bin/sh", "/bin/sh"]
 
-    assert worker_shell({"PATH": os.defpath}) == (bash or "/bin/sh")
-    assert worker_shell({"PATH": "/nonexistent"}) == "/bin/sh"
+
 def _ended(pid: int) -> bool:
     """Whether ``pid`` is gone, or ended and waiting for its reaper."""
     try:

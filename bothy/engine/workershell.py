@@ -31,6 +31,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from bothy.engine.launch import Launch, shell_excluded
 
@@ -103,7 +104,7 @@ async def _run(argv: list[str], *, env: dict[str, str], cwd: Path, on_a_socket: 
     in a file (a child a startup file leaves behind holds no pipe open); wait ``timeout_s`` at
     most for it, then kill the group whole. Its output, and its exit code."""
     given, kept = socket.socketpair() if on_a_socket else (None, None)
-    with tempfile.TemporaryFile() as out:
+    with await asyncio.to_thread(tempfile.TemporaryFile) as out:
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv, env=env, cwd=cwd,
@@ -120,5 +121,9 @@ async def _run(argv: list[str], *, env: dict[str, str], cwd: Path, on_a_socket: 
             for end in (given, kept):
                 if end is not None:
                     end.close()
-        out.seek(0)
-        return out.read(), code
+        return await asyncio.to_thread(_written, out), code
+
+
+def _written(out: IO[bytes]) -> bytes:
+    out.seek(0)
+    return out.read()
